@@ -1,0 +1,241 @@
+"""One exception hierarchy for everything nsqclient raises.
+
+Server errors arrive on the wire as an error frame whose body reads ``E_CODE description``
+(youzan's nsqd sometimes sends ``E_CODE `` with an empty description, or glues text onto the
+code).  :func:`error_from_frame` turns such a body into an instance of the class registered for
+its code, matching the code by prefix.
+
+``fatal`` says whether the server closes the connection after sending that error.  A classic
+nsqd closes it after every error except ``E_FIN_FAILED``, ``E_REQ_FAILED`` and
+``E_TOUCH_FAILED``; youzan's nsqd also keeps it open after ``E_FAILED_ON_NOT_LEADER`` on PUB.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "NSQError",
+    "ProtocolError",
+    "ConnectionClosedError",
+    "NSQTimeoutError",
+    "AuthRequiredError",
+    "ServerError",
+    "InvalidError",
+    "BadBodyError",
+    "BadTopicError",
+    "BadChannelError",
+    "BadMessageError",
+    "PubFailedError",
+    "MPubFailedError",
+    "DPubFailedError",
+    "FinFailedError",
+    "ReqFailedError",
+    "TouchFailedError",
+    "AuthFailedError",
+    "UnauthorizedError",
+    "FailedOnNotLeaderError",
+    "FailedOnNotWritableError",
+    "TopicNotExistError",
+    "SubOrderIsMustError",
+    "BadPartitionError",
+    "SubExtendForbiddenError",
+    "ExtNotSupportedError",
+    "UnknownServerError",
+    "HTTPError",
+    "error_from_frame",
+    "ERROR_CLASSES",
+]
+
+
+class NSQError(Exception):
+    """Base class of every error nsqclient raises."""
+
+
+class ProtocolError(NSQError):
+    """The byte stream broke the NSQ protocol (bad frame, bad size, wrong port...)."""
+
+
+class ConnectionClosedError(NSQError):
+    """The connection closed before the request it carried got an answer."""
+
+
+class NSQTimeoutError(NSQError, TimeoutError):
+    """A blocking call ran past its timeout."""
+
+
+class AuthRequiredError(NSQError):
+    """nsqd requires AUTH but no ``auth_secret`` was configured."""
+
+
+class ServerError(NSQError):
+    """An error frame sent by nsqd.
+
+    Attributes:
+        code: the ``E_*`` code, e.g. ``"E_BAD_TOPIC"``.
+        message: the description nsqd sent after the code (may be empty).
+        fatal: True when the server closes the connection after this error.
+    """
+
+    code: str = ""
+    fatal: bool = True
+
+    def __init__(self, message: str = "", code: str | None = None):
+        if code is not None:
+            self.code = code
+        self.message = message
+        super().__init__(f"{self.code} {message}".strip())
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.code))
+
+
+class InvalidError(ServerError):
+    code = "E_INVALID"
+
+
+class BadBodyError(ServerError):
+    code = "E_BAD_BODY"
+
+
+class BadTopicError(ServerError):
+    code = "E_BAD_TOPIC"
+
+
+class BadChannelError(ServerError):
+    code = "E_BAD_CHANNEL"
+
+
+class BadMessageError(ServerError):
+    code = "E_BAD_MESSAGE"
+
+
+class PubFailedError(ServerError):
+    code = "E_PUB_FAILED"
+
+
+class MPubFailedError(ServerError):
+    code = "E_MPUB_FAILED"
+
+
+class DPubFailedError(ServerError):
+    code = "E_DPUB_FAILED"
+
+
+class FinFailedError(ServerError):
+    code = "E_FIN_FAILED"
+    fatal = False
+
+
+class ReqFailedError(ServerError):
+    code = "E_REQ_FAILED"
+    fatal = False
+
+
+class TouchFailedError(ServerError):
+    code = "E_TOUCH_FAILED"
+    fatal = False
+
+
+class AuthFailedError(ServerError):
+    code = "E_AUTH_FAILED"
+
+
+class UnauthorizedError(ServerError):
+    code = "E_UNAUTHORIZED"
+
+
+# youzan's partitioned NSQ.
+class FailedOnNotLeaderError(ServerError):
+    """The nsqd is not the leader of this partition (any more): refresh lookup and retry."""
+
+    code = "E_FAILED_ON_NOT_LEADER"
+    fatal = False
+
+
+class FailedOnNotWritableError(ServerError):
+    code = "E_FAILED_ON_NOT_WRITABLE"
+
+
+class TopicNotExistError(ServerError):
+    """The topic (or this partition of it) does not exist on that nsqd: refresh lookup."""
+
+    code = "E_TOPIC_NOT_EXIST"
+
+
+class SubOrderIsMustError(ServerError):
+    code = "E_SUB_ORDER_IS_MUST"
+
+
+class BadPartitionError(ServerError):
+    code = "E_BAD_PARTITION"
+
+
+class SubExtendForbiddenError(ServerError):
+    code = "E_SUB_EXTEND_FORBIDDON"  # sic: youzan's spelling on the wire
+
+
+class ExtNotSupportedError(ServerError):
+    code = "E_EXT_NOT_SUPPORT"
+
+
+class UnknownServerError(ServerError):
+    """An error code nsqclient does not know; ``code`` holds what the server sent."""
+
+
+ERROR_CLASSES: dict[str, type[ServerError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidError,
+        BadBodyError,
+        BadTopicError,
+        BadChannelError,
+        BadMessageError,
+        PubFailedError,
+        MPubFailedError,
+        DPubFailedError,
+        FinFailedError,
+        ReqFailedError,
+        TouchFailedError,
+        AuthFailedError,
+        UnauthorizedError,
+        FailedOnNotLeaderError,
+        FailedOnNotWritableError,
+        TopicNotExistError,
+        SubOrderIsMustError,
+        BadPartitionError,
+        SubExtendForbiddenError,
+        ExtNotSupportedError,
+    )
+}
+# Longest first, so that a code which is a prefix of another never shadows it.
+_CODES_BY_LENGTH = sorted(ERROR_CLASSES, key=len, reverse=True)
+
+
+def error_from_frame(data: bytes | str) -> ServerError:
+    """Build the exception for the body of an error frame (``b"E_BAD_TOPIC PUB topic..."``)."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes | bytearray) else data
+    text = text.strip()
+    for code in _CODES_BY_LENGTH:
+        if text.startswith(code):
+            return ERROR_CLASSES[code](text[len(code) :].strip())
+    code, _, rest = text.partition(" ")
+    return UnknownServerError(rest.strip(), code=code or "E_UNKNOWN")
+
+
+class HTTPError(NSQError):
+    """An nsqd or nsqlookupd HTTP endpoint answered with an error status.
+
+    Attributes:
+        status: the HTTP status code (0 when no response arrived at all).
+        message: the server's message (``{"message": ...}`` in 1.x, ``status_txt`` before).
+        url: the URL requested.
+    """
+
+    def __init__(self, status: int, message: str, url: str = ""):
+        self.status = status
+        self.message = message
+        self.url = url
+        where = f" from {url}" if url else ""
+        super().__init__(f"HTTP {status}{where}: {message}")
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.message, self.url))

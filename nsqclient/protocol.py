@@ -1,0 +1,490 @@
+"""The NSQ wire format with no I/O: command encoders, an incremental frame reader, message
+decoding (classic and youzan) and topic/channel name validation.
+
+Everything here works on bytes.  Times on the wire are integer milliseconds; the encoders take
+them that way (``req(id, delay_ms)``) and leave the conversion from seconds to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from .errors import ProtocolError
+
+__all__ = [
+    "MAGIC_V2",
+    "FRAME_TYPE_RESPONSE",
+    "FRAME_TYPE_ERROR",
+    "FRAME_TYPE_MESSAGE",
+    "HEARTBEAT",
+    "OK",
+    "CLOSE_WAIT",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "Frame",
+    "FrameReader",
+    "DecodedMessage",
+    "TraceReply",
+    "decode_message",
+    "decode_trace_reply",
+    "encode_frame",
+    "encode_message",
+    "valid_topic_name",
+    "valid_channel_name",
+    "check_topic_name",
+    "check_channel_name",
+    "to_bytes",
+    "identify",
+    "auth",
+    "sub",
+    "sub_ordered",
+    "rdy",
+    "fin",
+    "req",
+    "touch",
+    "cls",
+    "nop",
+    "pub",
+    "mpub",
+    "dpub",
+    "pub_trace",
+    "mpub_trace",
+    "pub_ext",
+    "mpub_ext",
+]
+
+MAGIC_V2 = b"  V2"
+
+FRAME_TYPE_RESPONSE = 0
+FRAME_TYPE_ERROR = 1
+FRAME_TYPE_MESSAGE = 2
+
+HEARTBEAT = b"_heartbeat_"
+OK = b"OK"
+CLOSE_WAIT = b"CLOSE_WAIT"
+
+#: The largest frame the reader accepts unless told otherwise: nsqd's default max-msg-size
+#: (1 MiB) plus message header room, times four for MPUB-sized responses and headroom.
+DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024 + 1024
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+_MSG_HEADER = struct.Struct(">qH16s")  # timestamp ns, attempts, id
+_MSG_HEADER_SIZE = _MSG_HEADER.size  # 26
+_TRACE_REPLY = struct.Struct(">2sQQQI")  # "OK", internal id, trace id, offset, raw size
+_ORDERED_PREFIX = struct.Struct(">QI")  # disk queue offset, raw size
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+
+
+_NAME_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_NAME_RULE = "1 to 64 characters of [.a-zA-Z0-9_-], optionally ending in '#ephemeral'"
+
+
+def _valid_name(name: object) -> bool:
+    return isinstance(name, str) and 1 <= len(name) <= 64 and _NAME_RE.match(name) is not None
+
+
+def valid_topic_name(name: object) -> bool:
+    """True if ``name`` is a valid NSQ topic name."""
+    return _valid_name(name)
+
+
+def valid_channel_name(name: object) -> bool:
+    """True if ``name`` is a valid NSQ channel name."""
+    return _valid_name(name)
+
+
+def _check_name(kind: str, name: object) -> str:
+    if isinstance(name, bytes):
+        try:
+            name = name.decode("ascii")
+        except UnicodeDecodeError:
+            pass
+    if not _valid_name(name):
+        raise ValueError(f"invalid {kind} name {name!r}: must be {_NAME_RULE}")
+    return name  # type: ignore[return-value]
+
+
+def check_topic_name(name: object) -> str:
+    """Return ``name`` as str, or raise ValueError naming the bad topic and the rule."""
+    return _check_name("topic", name)
+
+
+def check_channel_name(name: object) -> str:
+    """Return ``name`` as str, or raise ValueError naming the bad channel and the rule."""
+    return _check_name("channel", name)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+def to_bytes(body: object) -> bytes:
+    """A message body as bytes: str is UTF-8 encoded; bytes/bytearray/memoryview accepted.
+
+    Raises TypeError for anything else (None, int, dict...).
+    """
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    raise TypeError(
+        f"message body must be bytes, bytearray, memoryview or str, not {type(body).__name__}"
+    )
+
+
+def _line(name: bytes, *params: str | bytes | int) -> bytes:
+    parts = [name]
+    for p in params:
+        if isinstance(p, bytes):
+            parts.append(p)
+        else:
+            parts.append(str(p).encode("utf-8"))
+    return b" ".join(parts) + b"\n"
+
+
+def _sized(body: bytes) -> bytes:
+    return _U32.pack(len(body)) + body
+
+
+def _partition(partition: int | None) -> tuple[int, ...]:
+    if partition is None:
+        return ()
+    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+        raise ValueError(f"partition must be a non-negative int, not {partition!r}")
+    return (partition,)
+
+
+def _message_id(message_id: bytes | str) -> bytes:
+    if isinstance(message_id, str):
+        message_id = message_id.encode("ascii")
+    if not isinstance(message_id, bytes | bytearray) or len(message_id) != 16:
+        raise ValueError(f"message id must be 16 bytes, got {message_id!r}")
+    return bytes(message_id)
+
+
+def identify(data: dict[str, Any]) -> bytes:
+    """``IDENTIFY\\n[size][json]``."""
+    return b"IDENTIFY\n" + _sized(json.dumps(data, separators=(",", ":")).encode("utf-8"))
+
+
+def auth(secret: str | bytes) -> bytes:
+    """``AUTH\\n[size][secret]``."""
+    return b"AUTH\n" + _sized(to_bytes(secret))
+
+
+def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
+    """``SUB <topic> <channel>[ <partition>]\\n`` (the partition is youzan's extension)."""
+    return _line(
+        b"SUB", check_topic_name(topic), check_channel_name(channel), *_partition(partition)
+    )
+
+
+def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
+    """youzan's ordered subscribe: ``SUB_ORDERED <topic> <channel> <partition>\\n``."""
+    if partition is None:
+        raise ValueError("SUB_ORDERED needs a partition")
+    return _line(
+        b"SUB_ORDERED", check_topic_name(topic), check_channel_name(channel), *_partition(partition)
+    )
+
+
+def rdy(count: int) -> bytes:
+    """``RDY <count>\\n``."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(f"RDY count must be a non-negative int, not {count!r}")
+    return _line(b"RDY", count)
+
+
+def fin(message_id: bytes | str) -> bytes:
+    """``FIN <id>\\n``; the id is sent as it arrived (16 hex chars classic, 16 raw bytes youzan)."""
+    return b"FIN " + _message_id(message_id) + b"\n"
+
+
+def req(message_id: bytes | str, delay_ms: int) -> bytes:
+    """``REQ <id> <delay_ms>\\n``."""
+    if not isinstance(delay_ms, int) or delay_ms < 0:
+        raise ValueError(f"REQ delay must be a non-negative int of milliseconds, not {delay_ms!r}")
+    return b"REQ " + _message_id(message_id) + b" " + str(delay_ms).encode() + b"\n"
+
+
+def touch(message_id: bytes | str) -> bytes:
+    """``TOUCH <id>\\n``."""
+    return b"TOUCH " + _message_id(message_id) + b"\n"
+
+
+def cls() -> bytes:
+    """``CLS\\n``."""
+    return b"CLS\n"
+
+
+def nop() -> bytes:
+    """``NOP\\n``."""
+    return b"NOP\n"
+
+
+def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
+    """``PUB <topic>[ <partition>]\\n[size][body]``."""
+    return _line(b"PUB", check_topic_name(topic), *_partition(partition)) + _sized(to_bytes(body))
+
+
+def _mpub_body(bodies: Iterable[bytes]) -> bytes:
+    items = [to_bytes(b) for b in bodies]
+    if not items:
+        raise ValueError("MPUB needs at least one message")
+    parts = [_U32.pack(len(items))]
+    for item in items:
+        parts.append(_U32.pack(len(item)))
+        parts.append(item)
+    return b"".join(parts)
+
+
+def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
+    """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
+    if isinstance(bodies, bytes | bytearray | memoryview | str):
+        raise TypeError("MPUB takes a list of message bodies, not a single body")
+    line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
+    return line + _sized(_mpub_body(bodies))
+
+
+def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+    """``DPUB <topic> <delay_ms>\\n[size][body]`` (classic nsqd only; youzan has no DPUB)."""
+    if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
+        raise ValueError(f"DPUB delay must be a non-negative int of milliseconds, not {delay_ms!r}")
+    return _line(b"DPUB", check_topic_name(topic), delay_ms) + _sized(to_bytes(body))
+
+
+def _check_trace_id(trace_id: int) -> int:
+    if not isinstance(trace_id, int) or not 0 <= trace_id < 2**64:
+        raise ValueError(f"trace id must be an unsigned 64-bit int, not {trace_id!r}")
+    return trace_id
+
+
+def pub_trace(topic: str, body: bytes, trace_id: int, partition: int | None = None) -> bytes:
+    """youzan's ``PUB_TRACE <topic>[ <partition>]\\n[size][8B trace id][body]``."""
+    payload = _U64.pack(_check_trace_id(trace_id)) + to_bytes(body)
+    return _line(b"PUB_TRACE", check_topic_name(topic), *_partition(partition)) + _sized(payload)
+
+
+def mpub_trace(
+    topic: str, bodies: Sequence[bytes], trace_ids: Sequence[int], partition: int | None = None
+) -> bytes:
+    """youzan's ``MPUB_TRACE``: an MPUB whose every body is ``[8B trace id][body]``."""
+    items = [to_bytes(b) for b in bodies]
+    if len(trace_ids) != len(items):
+        raise ValueError("MPUB_TRACE needs one trace id per message")
+    traced = [_U64.pack(_check_trace_id(t)) + b for t, b in zip(trace_ids, items, strict=True)]
+    line = _line(b"MPUB_TRACE", check_topic_name(topic), *_partition(partition))
+    return line + _sized(_mpub_body(traced))
+
+
+def _ext_payload(body: bytes, ext: dict[str, Any] | bytes) -> bytes:
+    raw = ext if isinstance(ext, bytes) else json.dumps(ext, separators=(",", ":")).encode()
+    if len(raw) > 0xFFFF:
+        raise ValueError("message extension header is limited to 65535 bytes")
+    return _U16.pack(len(raw)) + raw + to_bytes(body)
+
+
+def pub_ext(
+    topic: str, body: bytes, ext: dict[str, Any] | bytes, partition: int | None = None
+) -> bytes:
+    """youzan's ``PUB_EXT <topic>[ <partition>]\\n[size][2B ext size][ext json][body]``."""
+    line = _line(b"PUB_EXT", check_topic_name(topic), *_partition(partition))
+    return line + _sized(_ext_payload(body, ext))
+
+
+def mpub_ext(
+    topic: str,
+    bodies: Sequence[bytes],
+    exts: Sequence[dict[str, Any] | bytes],
+    partition: int | None = None,
+) -> bytes:
+    """youzan's ``MPUB_EXT``: an MPUB whose every body is ``[2B ext size][ext json][body]``."""
+    items = list(bodies)
+    if len(exts) != len(items):
+        raise ValueError("MPUB_EXT needs one extension header per message")
+    payloads = [_ext_payload(b, e) for b, e in zip(items, exts, strict=True)]
+    line = _line(b"MPUB_EXT", check_topic_name(topic), *_partition(partition))
+    return line + _sized(_mpub_body(payloads))
+
+
+# --------------------------------------------------------------------------------------------
+# Frames
+
+
+class Frame(NamedTuple):
+    """One frame off the wire: ``type`` is FRAME_TYPE_*; ``data`` the bytes after the type."""
+
+    type: int
+    data: bytes
+
+
+def encode_frame(frame_type: int, data: bytes) -> bytes:
+    """``[4B size][4B type][data]``, size counting the type and the data."""
+    return _U32.pack(len(data) + 4) + _I32.pack(frame_type) + data
+
+
+class FrameReader:
+    """Incremental frame parser: ``feed()`` any chunk of the stream, get complete frames back.
+
+    It never buffers more than one maximum-size frame plus the bytes of the current chunk, and
+    raises :class:`ProtocolError` (and only that) on a stream that is not NSQ: a size below 4, a
+    size above ``max_frame_size``, an unknown frame type, or an HTTP reply where a size should be.
+    After an error the reader is broken; the connection must be closed.
+    """
+
+    __slots__ = ("_buf", "max_frame_size", "_error")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+        self._buf = bytearray()
+        self.max_frame_size = max_frame_size
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add bytes; return every frame they complete, in order."""
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        end = len(buf)
+        try:
+            while end - pos >= 4:
+                if buf[pos : pos + 4] == b"HTTP":
+                    raise ProtocolError("this is an HTTP port, not an nsqd TCP port")
+                size = _U32.unpack_from(buf, pos)[0]
+                if size < 4:
+                    raise ProtocolError(f"frame size {size} is below the minimum of 4")
+                if size > self.max_frame_size:
+                    raise ProtocolError(
+                        f"frame size {size} exceeds the maximum of {self.max_frame_size} bytes"
+                    )
+                if end - pos - 4 < size:
+                    break
+                frame_type = _I32.unpack_from(buf, pos + 4)[0]
+                if frame_type not in (FRAME_TYPE_RESPONSE, FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE):
+                    raise ProtocolError(f"unknown frame type {frame_type}")
+                frames.append(Frame(frame_type, bytes(buf[pos + 8 : pos + 4 + size])))
+                pos += 4 + size
+        except ProtocolError as exc:
+            self._error = exc
+            self._buf = bytearray()
+            raise
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+
+
+class DecodedMessage(NamedTuple):
+    """The fields of a message frame.
+
+    ``timestamp`` is nanoseconds since the epoch.  ``id`` is the 16 bytes exactly as sent (ASCII
+    hex on classic nsqd, ``[8B internal id][8B trace id]`` on youzan's), to be echoed back in
+    FIN/REQ/TOUCH.  The youzan fields are None when not present.
+    """
+
+    timestamp: int
+    attempts: int
+    id: bytes
+    body: bytes
+    internal_id: int | None = None
+    trace_id: int | None = None
+    offset: int | None = None
+    raw_size: int | None = None
+    ext_version: int | None = None
+    ext: bytes | None = None
+
+
+def encode_message(timestamp: int, attempts: int, message_id: bytes, body: bytes) -> bytes:
+    """The body of a classic message frame: ``[8B ts][2B attempts][16B id][body]``."""
+    return _MSG_HEADER.pack(timestamp, attempts, message_id) + body
+
+
+def decode_message(
+    data: bytes, *, youzan: bool = False, extended: bool = False, ordered: bool = False
+) -> DecodedMessage:
+    """Decode the body of a message frame.
+
+    Args:
+        youzan: the id is youzan's raw ``[8B internal id][8B trace id]``; fill those fields.
+        extended: the connection negotiated youzan's ``extend_support``: a
+            ``[1B ext version]`` (and, when non-zero, ``[2B size][ext]``) header follows the id.
+        ordered: the message came over SUB_ORDERED (or SUB_ADVANCED):
+            ``[8B disk queue offset][4B raw size]`` precede the body.
+    """
+    if len(data) < _MSG_HEADER_SIZE:
+        raise ProtocolError(f"message frame of {len(data)} bytes is shorter than its header")
+    timestamp, attempts, message_id = _MSG_HEADER.unpack_from(data, 0)
+    pos = _MSG_HEADER_SIZE
+    internal_id = trace_id = offset = raw_size = ext_version = None
+    ext = None
+    if youzan or extended or ordered:
+        internal_id, trace_id = struct.unpack(">QQ", message_id)
+    if extended:
+        if len(data) < pos + 1:
+            raise ProtocolError("extended message frame is missing its ext version byte")
+        ext_version = data[pos]
+        pos += 1
+        if ext_version != 0:
+            if len(data) < pos + 2:
+                raise ProtocolError("extended message frame is missing its ext size")
+            ext_len = _U16.unpack_from(data, pos)[0]
+            pos += 2
+            if len(data) < pos + ext_len:
+                raise ProtocolError("extended message frame is shorter than its ext header")
+            ext = bytes(data[pos : pos + ext_len])
+            pos += ext_len
+    if ordered:
+        if len(data) < pos + _ORDERED_PREFIX.size:
+            raise ProtocolError("ordered message frame is missing its offset and size")
+        offset, raw_size = _ORDERED_PREFIX.unpack_from(data, pos)
+        pos += _ORDERED_PREFIX.size
+    return DecodedMessage(
+        timestamp,
+        attempts,
+        message_id,
+        bytes(data[pos:]),
+        internal_id,
+        trace_id,
+        offset,
+        raw_size,
+        ext_version,
+        ext,
+    )
+
+
+class TraceReply(NamedTuple):
+    """youzan's reply to PUB_TRACE/MPUB_TRACE (and PUB with tracing on)."""
+
+    internal_id: int
+    trace_id: int
+    offset: int
+    raw_size: int
+
+
+def decode_trace_reply(data: bytes) -> TraceReply:
+    """Decode ``OK[8B internal id][8B trace id][8B disk queue offset][4B raw size]`` (30 bytes)."""
+    if len(data) != _TRACE_REPLY.size or not data.startswith(OK):
+        raise ProtocolError(f"a traced publish reply is 30 bytes starting with OK, got {data!r}")
+    _, internal_id, trace_id, offset, raw_size = _TRACE_REPLY.unpack(data)
+    return TraceReply(internal_id, trace_id, offset, raw_size)

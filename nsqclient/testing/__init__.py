@@ -1,0 +1,1 @@
+"""Embedded NSQ for tests and demos."""

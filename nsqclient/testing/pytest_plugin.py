@@ -1,0 +1,1 @@
+"""pytest fixtures for the broker (filled in by the testing work)."""
