@@ -7,10 +7,14 @@ its code, matching the code by prefix.
 
 ``fatal`` says whether the server closes the connection after sending that error.  A classic
 nsqd closes it after every error except ``E_FIN_FAILED``, ``E_REQ_FAILED`` and
-``E_TOUCH_FAILED``; youzan's nsqd also keeps it open after ``E_FAILED_ON_NOT_LEADER`` on PUB.
+``E_TOUCH_FAILED``.  youzan's nsqd decides some codes per command (E_FAILED_ON_NOT_LEADER closes
+the connection after SUB and FIN but not after PUB), so a connection treats ``fatal`` as a
+forecast and waits for the server to close.
 """
 
 from __future__ import annotations
+
+import string
 
 __all__ = [
     "NSQError",
@@ -39,6 +43,19 @@ __all__ = [
     "BadPartitionError",
     "SubExtendForbiddenError",
     "ExtNotSupportedError",
+    "SubFailedError",
+    "IdentifyFailedError",
+    "AuthFirstError",
+    "AuthErrorError",
+    "AuthDisabledError",
+    "BadProtocolError",
+    "SubExtendNeedError",
+    "SubChannelNotRegisteredError",
+    "PubTooMuchWaitingError",
+    "BadExtError",
+    "CreateTopicFailedError",
+    "InvalidJSONHeaderError",
+    "InvalidTraceIDError",
     "UnknownServerError",
     "HTTPError",
     "error_from_frame",
@@ -55,7 +72,19 @@ class ProtocolError(NSQError):
 
 
 class ConnectionClosedError(NSQError):
-    """The connection closed before the request it carried got an answer."""
+    """The connection closed (or could not be made) before the request got an answer.
+
+    ``maybe_processed`` is True when nsqd may have acted on the request before the connection
+    died (the outcome is unknown), False when it provably did not (nothing was sent, or the
+    request was queued behind a fatal error, after which nsqd processes nothing more).
+    """
+
+    def __init__(self, message: str = "", maybe_processed: bool = True):
+        super().__init__(message)
+        self.maybe_processed = maybe_processed
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.maybe_processed))
 
 
 class NSQTimeoutError(NSQError, TimeoutError):
@@ -177,6 +206,61 @@ class ExtNotSupportedError(ServerError):
     code = "E_EXT_NOT_SUPPORT"
 
 
+class SubFailedError(ServerError):
+    code = "E_SUB_FAILED"
+
+
+class IdentifyFailedError(ServerError):
+    code = "E_IDENTIFY_FAILED"
+
+
+class AuthFirstError(ServerError):
+    code = "E_AUTH_FIRST"
+
+
+class AuthErrorError(ServerError):
+    code = "E_AUTH_ERROR"
+
+
+class AuthDisabledError(ServerError):
+    code = "E_AUTH_DISABLED"
+
+
+class BadProtocolError(ServerError):
+    code = "E_BAD_PROTOCOL"
+
+
+class SubExtendNeedError(ServerError):
+    code = "E_SUB_EXTEND_NEED"
+
+
+class SubChannelNotRegisteredError(ServerError):
+    code = "E_SUB_CHANNEL_NOT_REGISTERED"
+
+
+class PubTooMuchWaitingError(ServerError):
+    code = "E_PUB_TOO_MUCH_WAITING"
+
+
+class BadExtError(ServerError):
+    code = "E_BAD_EXT"
+
+
+class CreateTopicFailedError(ServerError):
+    code = "E_CREATE_TOPIC_FAILED"
+    fatal = False
+
+
+class InvalidJSONHeaderError(ServerError):
+    code = "E_INVALID_JSON_HEADER"
+    fatal = False
+
+
+class InvalidTraceIDError(ServerError):
+    code = "INVALID_TRACE_ID"  # sic: youzan sends it without the E_ prefix
+    fatal = False
+
+
 class UnknownServerError(ServerError):
     """An error code nsqclient does not know; ``code`` holds what the server sent."""
 
@@ -204,9 +288,23 @@ ERROR_CLASSES: dict[str, type[ServerError]] = {
         BadPartitionError,
         SubExtendForbiddenError,
         ExtNotSupportedError,
+        SubFailedError,
+        IdentifyFailedError,
+        AuthFirstError,
+        AuthErrorError,
+        AuthDisabledError,
+        BadProtocolError,
+        SubExtendNeedError,
+        SubChannelNotRegisteredError,
+        PubTooMuchWaitingError,
+        BadExtError,
+        CreateTopicFailedError,
+        InvalidJSONHeaderError,
+        InvalidTraceIDError,
     )
 }
 # Longest first, so that a code which is a prefix of another never shadows it.
+_CODE_CHARS = frozenset(string.ascii_uppercase + string.digits + "_")
 _CODES_BY_LENGTH = sorted(ERROR_CLASSES, key=len, reverse=True)
 
 
@@ -215,8 +313,10 @@ def error_from_frame(data: bytes | str) -> ServerError:
     text = data.decode("utf-8", "replace") if isinstance(data, bytes | bytearray) else data
     text = text.strip()
     for code in _CODES_BY_LENGTH:
-        if text.startswith(code):
-            return ERROR_CLASSES[code](text[len(code) :].strip())
+        rest = text[len(code) :]
+        # A known code followed by more code characters is a different, unknown code.
+        if text.startswith(code) and rest[:1] not in _CODE_CHARS:
+            return ERROR_CLASSES[code](rest.strip())
     code, _, rest = text.partition(" ")
     return UnknownServerError(rest.strip(), code=code or "E_UNKNOWN")
 

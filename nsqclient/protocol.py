@@ -84,12 +84,12 @@ _ORDERED_PREFIX = struct.Struct(">QI")  # disk queue offset, raw size
 # Names
 
 
-_NAME_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(?:#ephemeral)?")
 _NAME_RULE = "1 to 64 characters of [.a-zA-Z0-9_-], optionally ending in '#ephemeral'"
 
 
 def _valid_name(name: object) -> bool:
-    return isinstance(name, str) and 1 <= len(name) <= 64 and _NAME_RE.match(name) is not None
+    return isinstance(name, str) and 1 <= len(name) <= 64 and _NAME_RE.fullmatch(name) is not None
 
 
 def valid_topic_name(name: object) -> bool:
@@ -141,6 +141,15 @@ def to_bytes(body: object) -> bytes:
     raise TypeError(
         f"message body must be bytes, bytearray, memoryview or str, not {type(body).__name__}"
     )
+
+
+def _body(body: object) -> bytes:
+    """A message body as bytes, refusing an empty one (nsqd rejects it and closes the
+    connection, so the error belongs at the call site)."""
+    data = to_bytes(body)
+    if not data:
+        raise ValueError("message body must not be empty (nsqd refuses empty messages)")
+    return data
 
 
 def _line(name: bytes, *params: str | bytes | int) -> bytes:
@@ -213,7 +222,7 @@ def fin(message_id: bytes | str) -> bytes:
 
 def req(message_id: bytes | str, delay_ms: int) -> bytes:
     """``REQ <id> <delay_ms>\\n``."""
-    if not isinstance(delay_ms, int) or delay_ms < 0:
+    if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
         raise ValueError(f"REQ delay must be a non-negative int of milliseconds, not {delay_ms!r}")
     return b"REQ " + _message_id(message_id) + b" " + str(delay_ms).encode() + b"\n"
 
@@ -235,11 +244,11 @@ def nop() -> bytes:
 
 def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
     """``PUB <topic>[ <partition>]\\n[size][body]``."""
-    return _line(b"PUB", check_topic_name(topic), *_partition(partition)) + _sized(to_bytes(body))
+    return _line(b"PUB", check_topic_name(topic), *_partition(partition)) + _sized(_body(body))
 
 
 def _mpub_body(bodies: Iterable[bytes]) -> bytes:
-    items = [to_bytes(b) for b in bodies]
+    items = [_body(b) for b in bodies]
     if not items:
         raise ValueError("MPUB needs at least one message")
     parts = [_U32.pack(len(items))]
@@ -249,10 +258,14 @@ def _mpub_body(bodies: Iterable[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def _check_list(bodies: object, command: str) -> None:
+    if isinstance(bodies, bytes | bytearray | memoryview | str):
+        raise TypeError(f"{command} takes a list of message bodies, not a single body")
+
+
 def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
     """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
-    if isinstance(bodies, bytes | bytearray | memoryview | str):
-        raise TypeError("MPUB takes a list of message bodies, not a single body")
+    _check_list(bodies, "MPUB")
     line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
     return line + _sized(_mpub_body(bodies))
 
@@ -261,7 +274,7 @@ def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
     """``DPUB <topic> <delay_ms>\\n[size][body]`` (classic nsqd only; youzan has no DPUB)."""
     if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
         raise ValueError(f"DPUB delay must be a non-negative int of milliseconds, not {delay_ms!r}")
-    return _line(b"DPUB", check_topic_name(topic), delay_ms) + _sized(to_bytes(body))
+    return _line(b"DPUB", check_topic_name(topic), delay_ms) + _sized(_body(body))
 
 
 def _check_trace_id(trace_id: int) -> int:
@@ -272,7 +285,7 @@ def _check_trace_id(trace_id: int) -> int:
 
 def pub_trace(topic: str, body: bytes, trace_id: int, partition: int | None = None) -> bytes:
     """youzan's ``PUB_TRACE <topic>[ <partition>]\\n[size][8B trace id][body]``."""
-    payload = _U64.pack(_check_trace_id(trace_id)) + to_bytes(body)
+    payload = _U64.pack(_check_trace_id(trace_id)) + _body(body)
     return _line(b"PUB_TRACE", check_topic_name(topic), *_partition(partition)) + _sized(payload)
 
 
@@ -280,7 +293,8 @@ def mpub_trace(
     topic: str, bodies: Sequence[bytes], trace_ids: Sequence[int], partition: int | None = None
 ) -> bytes:
     """youzan's ``MPUB_TRACE``: an MPUB whose every body is ``[8B trace id][body]``."""
-    items = [to_bytes(b) for b in bodies]
+    _check_list(bodies, "MPUB_TRACE")
+    items = [_body(b) for b in bodies]
     if len(trace_ids) != len(items):
         raise ValueError("MPUB_TRACE needs one trace id per message")
     traced = [_U64.pack(_check_trace_id(t)) + b for t, b in zip(trace_ids, items, strict=True)]
@@ -290,9 +304,9 @@ def mpub_trace(
 
 def _ext_payload(body: bytes, ext: dict[str, Any] | bytes) -> bytes:
     raw = ext if isinstance(ext, bytes) else json.dumps(ext, separators=(",", ":")).encode()
-    if len(raw) > 0xFFFF:
-        raise ValueError("message extension header is limited to 65535 bytes")
-    return _U16.pack(len(raw)) + raw + to_bytes(body)
+    if len(raw) >= 0xFFFF:
+        raise ValueError("message extension header is limited to 65534 bytes")
+    return _U16.pack(len(raw)) + raw + _body(body)
 
 
 def pub_ext(
@@ -310,6 +324,7 @@ def mpub_ext(
     partition: int | None = None,
 ) -> bytes:
     """youzan's ``MPUB_EXT``: an MPUB whose every body is ``[2B ext size][ext json][body]``."""
+    _check_list(bodies, "MPUB_EXT")
     items = list(bodies)
     if len(exts) != len(items):
         raise ValueError("MPUB_EXT needs one extension header per message")
@@ -417,6 +432,8 @@ class DecodedMessage(NamedTuple):
 
 def encode_message(timestamp: int, attempts: int, message_id: bytes, body: bytes) -> bytes:
     """The body of a classic message frame: ``[8B ts][2B attempts][16B id][body]``."""
+    if len(message_id) != 16:
+        raise ValueError(f"message id must be 16 bytes, got {message_id!r}")
     return _MSG_HEADER.pack(timestamp, attempts, message_id) + body
 
 

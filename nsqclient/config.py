@@ -1,0 +1,298 @@
+"""Every option of Connection, Producer and Consumer: its default, its range and its meaning.
+
+Options are validated here, in one place, when a Config is built, so that a bad value fails at
+the call site (``Consumer(..., max_in_flight=-1)``) with a message naming the option.  Durations
+are seconds (floats); they become milliseconds only on the wire.
+"""
+
+from __future__ import annotations
+
+import difflib
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Option", "OPTIONS", "Config"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: ``kind`` is the Python type accepted (int also accepted for float)."""
+
+    name: str
+    default: Any
+    kind: type | tuple[type, ...]
+    doc: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[Any, ...] | None = None
+    nullable: bool = False
+
+    def validate(self, value: Any) -> Any:
+        if value is None and self.nullable:
+            return None
+        kind = self.kind
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is int and isinstance(value, bool):
+            raise TypeError(f"{self.name} must be int, not bool")
+        if not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            raise TypeError(f"{self.name} must be {names}, not {type(value).__name__} {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{self.name} must be one of {self.choices}, not {value!r}")
+        if self.min is not None and value < self.min:
+            raise ValueError(f"{self.name} must be >= {self.min}, not {value!r} ({self.doc})")
+        if self.max is not None and value > self.max:
+            raise ValueError(f"{self.name} must be <= {self.max}, not {value!r} ({self.doc})")
+        return value
+
+
+_HOUR = 3600.0
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in [
+        # --- connection
+        Option("dial_timeout", 1.0, float, "seconds to wait for the TCP connect", 0.001, _HOUR),
+        Option(
+            "read_timeout",
+            60.0,
+            float,
+            "seconds without any byte from nsqd before the connection is declared dead"
+            " (2x heartbeat_interval is used when that is shorter)",
+            0.1,
+            _HOUR,
+        ),
+        Option("write_timeout", 1.0, float, "seconds a socket write may block", 0.001, _HOUR),
+        Option(
+            "handshake_timeout", 5.0, float, "seconds for magic, IDENTIFY, upgrades, AUTH", 0.01,
+            _HOUR,
+        ),
+        Option(
+            "heartbeat_interval",
+            30.0,
+            float,
+            "seconds between nsqd heartbeats; -1 disables them",
+            -1,
+            _HOUR,
+        ),
+        Option(
+            "output_buffer_size",
+            16384,
+            int,
+            "bytes nsqd buffers before flushing to this client; -1 disables buffering",
+            -1,
+            None,
+        ),
+        Option(
+            "output_buffer_timeout",
+            0.25,
+            float,
+            "seconds nsqd waits before flushing its output buffer; -1 disables the timeout",
+            -1,
+            _HOUR,
+        ),
+        Option("client_id", None, str, "client_id sent in IDENTIFY (default: short hostname)",
+               nullable=True),
+        Option("hostname", None, str, "hostname sent in IDENTIFY (default: FQDN)", nullable=True),
+        Option("user_agent", None, str, "user_agent sent in IDENTIFY (default nsqclient/<v>)",
+               nullable=True),
+        Option("sample_rate", 0, int, "percentage of messages nsqd sends this client; 0 = all", 0,
+               99),
+        Option(
+            "msg_timeout",
+            None,
+            float,
+            "seconds nsqd waits for FIN/REQ/TOUCH before requeueing (None: nsqd's default)",
+            0.001,
+            None,
+            nullable=True,
+        ),
+        Option("tls_v1", False, bool, "negotiate TLS (stdlib ssl)"),
+        Option("tls_ca_file", None, str, "CA bundle to verify nsqd's certificate", nullable=True),
+        Option("tls_cert_file", None, str, "client certificate (PEM)", nullable=True),
+        Option("tls_key_file", None, str, "client private key (PEM)", nullable=True),
+        Option("tls_verify", True, bool, "verify nsqd's certificate and host name"),
+        Option(
+            "tls_server_name", None, str, "host name to verify (default: the host dialled)",
+            nullable=True,
+        ),
+        Option("snappy", False, bool, "negotiate snappy compression"),
+        Option("deflate", False, bool, "negotiate deflate compression"),
+        Option("deflate_level", 6, int, "deflate level 1-9 (bounded by nsqd's max)", 1, 9),
+        Option("auth_secret", None, (str, bytes), "secret sent with AUTH when nsqd requires it",
+               nullable=True),
+        Option(
+            "max_frame_size",
+            16 * 1024 * 1024,
+            int,
+            "largest frame accepted from nsqd, bytes",
+            1024,
+            None,
+        ),
+        Option("youzan", False, bool, "speak youzan's NSQ: raw 16-byte message ids"),
+        Option(
+            "extend_support", False, bool, "youzan: ask for message extension headers"
+        ),
+        # --- consumer
+        Option("max_in_flight", 1, int, "messages in flight across all connections", 0, None),
+        Option("concurrency", 1, int, "handler worker threads", 1, 4096),
+        Option("max_tries", 5, int, "attempts after which giving_up runs; 0 = never", 0, 65535),
+        Option(
+            "default_requeue_delay",
+            90.0,
+            float,
+            "seconds; REQ delay is this x attempts, capped by max_requeue_delay",
+            0,
+            None,
+        ),
+        Option("max_requeue_delay", 900.0, float, "seconds, cap on a REQ delay", 0, None),
+        Option(
+            "max_backoff_duration",
+            128.0,
+            float,
+            "seconds, cap on a backoff pause; 0 disables backoff",
+            0,
+            None,
+        ),
+        Option("backoff_multiplier", 1.0, float, "seconds, base of the backoff duration", 0.0,
+               None),
+        Option(
+            "backoff_strategy",
+            "exponential",
+            str,
+            "how backoff grows with failures",
+            choices=("exponential", "full_jitter"),
+        ),
+        Option("lookupd_poll_interval", 60.0, float, "seconds between lookupd queries", 0.01,
+               None),
+        Option(
+            "lookupd_poll_jitter", 0.3, float, "fraction of the interval added at random", 0, 1
+        ),
+        Option("lookupd_request_timeout", 2.0, float, "seconds per lookupd HTTP request", 0.01,
+               None),
+        Option(
+            "low_rdy_idle_timeout",
+            10.0,
+            float,
+            "seconds without a message before a connection's RDY may be moved elsewhere",
+            0.01,
+            None,
+        ),
+        Option(
+            "low_rdy_timeout",
+            30.0,
+            float,
+            "seconds a connection may hold RDY while max_in_flight < connections",
+            0.01,
+            None,
+        ),
+        Option(
+            "rdy_redistribute_interval",
+            5.0,
+            float,
+            "seconds between RDY redistributions when max_in_flight < connections",
+            0.01,
+            None,
+        ),
+        Option(
+            "reconnect_interval",
+            1.0,
+            float,
+            "seconds, base delay before reconnecting a direct nsqd address",
+            0.0,
+            None,
+        ),
+        Option(
+            "max_reconnect_interval", 60.0, float, "seconds, cap on the reconnect delay", 0.0,
+            None,
+        ),
+        # --- producer
+        Option("pub_timeout", 10.0, float, "seconds pub()/mpub()/dpub() wait for nsqd's answer",
+               0.001, None),
+        Option(
+            "pub_retries",
+            0,
+            int,
+            "times pub() resends a publish whose outcome is unknown (connection died in flight);"
+            " >0 may store duplicates",
+            0,
+            100,
+        ),
+    ]
+}
+
+
+class Config:
+    """Validated options.  ``Config(max_in_flight=10)``; read them as attributes.
+
+    Unknown names raise TypeError with the closest known name; bad values raise TypeError or
+    ValueError naming the option.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **options: Any):
+        values = {name: opt.default for name, opt in OPTIONS.items()}
+        for name, value in options.items():
+            opt = OPTIONS.get(name)
+            if opt is None:
+                close = difflib.get_close_matches(name, OPTIONS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"unknown option {name!r}{hint}")
+            values[name] = opt.validate(value)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Config is immutable; use replace()")
+
+    def replace(self, **options: Any) -> Config:
+        """A copy with some options changed (validated)."""
+        merged = {k: v for k, v in self._values.items() if v != OPTIONS[k].default}
+        merged.update(options)
+        return Config(**merged)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self._values.items() if v != OPTIONS[k].default}
+        if "auth_secret" in changed:
+            changed["auth_secret"] = "***"
+        return f"Config({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+def identify_payload(config: Config, version: str) -> dict[str, Any]:
+    """The IDENTIFY JSON for ``config`` (durations converted to milliseconds)."""
+    fqdn = socket.getfqdn()
+
+    def ms(seconds: float) -> int:
+        return -1 if seconds == -1 else int(round(seconds * 1000))
+
+    payload: dict[str, Any] = {
+        "client_id": config.client_id or fqdn.split(".")[0],
+        "hostname": config.hostname or fqdn,
+        "user_agent": config.user_agent or f"nsqclient/{version}",
+        "feature_negotiation": True,
+        "heartbeat_interval": ms(config.heartbeat_interval),
+        "output_buffer_size": config.output_buffer_size,
+        "output_buffer_timeout": ms(config.output_buffer_timeout),
+        "tls_v1": config.tls_v1,
+        "snappy": config.snappy,
+        "deflate": config.deflate,
+        "deflate_level": config.deflate_level,
+        "sample_rate": config.sample_rate,
+    }
+    if config.msg_timeout is not None:
+        payload["msg_timeout"] = ms(config.msg_timeout)
+    if config.extend_support:
+        payload["extend_support"] = True
+    return payload
+

@@ -1,0 +1,541 @@
+"""Connection: one TCP connection to one nsqd.
+
+The handshake (magic, IDENTIFY, TLS/snappy/deflate upgrades, AUTH) runs in the thread that calls
+:meth:`Connection.connect`.  After it, exactly one reader thread reads the socket and one writer
+thread writes it (DESIGN.md, rule 1).  Any thread may enqueue a command:
+
+* :meth:`Connection.send` for commands nsqd does not answer on success (RDY, FIN, REQ, TOUCH, NOP);
+* :meth:`Connection.request` for commands it answers (PUB, MPUB, DPUB, SUB, CLS...): the returned
+  Future resolves with the response bytes, or fails with the typed error nsqd sent.  Responses
+  are matched to requests in order (FIFO), which is how nsqd answers them.
+
+The reader answers heartbeats with NOP itself and hands messages and connection events to a
+delegate.  Delegate callbacks run on the reader thread and must not block; user code never runs
+there (DESIGN.md, rule 2).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from . import protocol
+from .config import Config, identify_payload
+from .errors import (
+    AuthRequiredError,
+    ConnectionClosedError,
+    NSQError,
+    NSQTimeoutError,
+    ProtocolError,
+    ServerError,
+    error_from_frame,
+)
+from .protocol import DecodedMessage, FrameReader
+from .transport import Transport, make_tls_context
+
+__all__ = ["Connection", "ConnectionDelegate", "ConnectionState", "parse_address"]
+
+logger = logging.getLogger("nsqclient.conn")
+
+_STOP = object()
+# Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
+_UNSOLICITED = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming the bad address."""
+    if not isinstance(address, str):
+        raise TypeError(f"nsqd address must be a 'host:port' str, not {type(address).__name__}")
+    host, sep, port = address.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid nsqd address {address!r}: expected 'host:port'")
+    return host, int(port)
+
+
+class ConnectionState(enum.Enum):
+    INIT = "init"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class ConnectionDelegate(Protocol):
+    """What a Connection tells its owner.  Every method runs on the reader thread."""
+
+    def on_message(self, conn: Connection, message: DecodedMessage) -> None: ...
+
+    def on_server_error(self, conn: Connection, error: ServerError) -> None: ...
+
+    def on_close(self, conn: Connection, reason: BaseException | None) -> None: ...
+
+
+class Connection:
+    """A connection to one nsqd.  See the module docstring for the threading model.
+
+    Args:
+        address: ``"host:port"`` of the nsqd TCP port.
+        config: a :class:`~nsqclient.config.Config` (timeouts in seconds).
+        delegate: receives messages, unsolicited errors and the close event.
+    """
+
+    def __init__(self, address: str, config: Config | None = None, delegate: Any = None):
+        self.host, self.port = parse_address(address)
+        self.address = f"{self.host}:{self.port}"
+        self.config = config or Config()
+        self.delegate = delegate
+        self.state = ConnectionState.INIT
+        self.identify_response: dict[str, Any] = {}
+        self.auth_response: dict[str, Any] | None = None
+        self.extended = False
+        #: set by a consumer that subscribed with SUB_ORDERED/SUB_ADVANCED
+        self.ordered = False
+        #: RDY last sent and messages in flight on this connection (kept by the consumer)
+        self.rdy = 0
+        self.in_flight = 0
+        self.last_message_at = 0.0
+        self.last_rdy_at = 0.0
+        self.close_reason: BaseException | None = None
+        self._fatal_error: ServerError | None = None
+        self.messages_received = 0
+        self.pid = os.getpid()
+        self._transport: Transport | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: list[Future] = []  # used as a FIFO; popped from the front
+        self._pending_head = 0
+        self._lock = threading.Lock()
+        self._closed_event = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._writer: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.address} {self.state.value}>"
+
+    # ---------------------------------------------------------------- negotiated values
+
+    @property
+    def max_rdy_count(self) -> int:
+        """The largest RDY this nsqd accepts (2500 when it did not say)."""
+        return int(self.identify_response.get("max_rdy_count", 2500))
+
+    @property
+    def msg_timeout(self) -> float:
+        """Seconds nsqd waits for FIN/REQ/TOUCH on this connection (60 when it did not say)."""
+        return self.identify_response.get("msg_timeout", 60000) / 1000.0
+
+    @property
+    def max_msg_timeout(self) -> float:
+        """Seconds: the most TOUCH can extend a message's timeout."""
+        return self.identify_response.get("max_msg_timeout", 900000) / 1000.0
+
+    @property
+    def is_connected(self) -> bool:
+        return self.state is ConnectionState.CONNECTED
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is ConnectionState.CLOSED
+
+    # ---------------------------------------------------------------- handshake
+
+    def connect(self) -> None:
+        """Dial, handshake, start the reader and writer threads.
+
+        Raises:
+            NSQError (or a subclass: ServerError, AuthRequiredError, ProtocolError,
+            NSQTimeoutError) or OSError when the connection cannot be made.  Nothing is left
+            open on failure.
+        """
+        if self.state is not ConnectionState.INIT:
+            raise NSQError(f"connect() called on a connection in state {self.state.value}")
+        self.state = ConnectionState.CONNECTING
+        cfg = self.config
+        sock = None
+        try:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=cfg.dial_timeout)
+            except TimeoutError as exc:
+                raise NSQTimeoutError(
+                    f"connecting to {self.address} took longer than {cfg.dial_timeout}s"
+                ) from exc
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._transport = Transport(sock)
+            self._transport.settimeout(cfg.handshake_timeout)
+            self._handshake()
+            self._transport.settimeout(self._read_deadline())
+            # TLS may need to send records while reading; only the writer may write.
+            self._transport.set_output_callback(lambda: self._queue.put(b""))
+        except BaseException as exc:
+            self.state = ConnectionState.CLOSED
+            self.close_reason = exc
+            self._closed_event.set()
+            if self._transport is not None:
+                self._transport.close()
+            elif sock is not None:
+                sock.close()
+            if isinstance(exc, TimeoutError) and not isinstance(exc, NSQError):
+                raise NSQTimeoutError(f"handshake with {self.address} timed out") from exc
+            raise
+        self.state = ConnectionState.CONNECTED
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"nsq-reader-{self.address}", daemon=True
+        )
+        self._writer = threading.Thread(
+            target=self._write_loop, name=f"nsq-writer-{self.address}", daemon=True
+        )
+        self._writer.start()
+        self._reader.start()
+        logger.debug("connected to %s: %s", self.address, self.identify_response)
+
+    def _read_deadline(self) -> float:
+        """Seconds of silence after which nsqd is taken for dead."""
+        cfg = self.config
+        deadline = cfg.read_timeout
+        if cfg.heartbeat_interval > 0:
+            deadline = min(deadline, 2 * cfg.heartbeat_interval + min(cfg.heartbeat_interval, 5.0))
+        return deadline
+
+    def _read_frame(self, frames: FrameReader) -> protocol.Frame:
+        """Read exactly one frame during the handshake, answering heartbeats."""
+        assert self._transport is not None
+        while True:
+            header = self._read_exact(4)
+            frames.feed(header)
+            size = int.from_bytes(header, "big")
+            got = frames.feed(self._read_exact(size))
+            frame = got[0]
+            if frame.type == protocol.FRAME_TYPE_RESPONSE and frame.data == protocol.HEARTBEAT:
+                self._transport.sendall(protocol.nop())
+                continue
+            return frame
+
+    def _read_exact(self, n: int) -> bytes:
+        assert self._transport is not None
+        chunks = []
+        while n:
+            data = self._transport.recv(n)
+            if not data:
+                raise ConnectionClosedError(
+                    f"{self.address} closed the connection during handshake"
+                )
+            chunks.append(data)
+            n -= len(data)
+        return b"".join(chunks)
+
+    def _expect_ok(self, frames: FrameReader, step: str) -> bytes:
+        frame = self._read_frame(frames)
+        if frame.type == protocol.FRAME_TYPE_ERROR:
+            raise error_from_frame(frame.data)
+        if frame.type != protocol.FRAME_TYPE_RESPONSE:
+            raise ProtocolError(f"{self.address} sent a message during {step}")
+        return frame.data
+
+    def _handshake(self) -> None:
+        from . import __version__
+
+        cfg = self.config
+        transport = self._transport
+        assert transport is not None
+        frames = FrameReader(cfg.max_frame_size)
+        payload = identify_payload(cfg, __version__)
+        transport.sendall(protocol.MAGIC_V2 + protocol.identify(payload))
+        data = self._expect_ok(frames, "IDENTIFY")
+        if data == protocol.OK:
+            self.identify_response = {}
+        else:
+            try:
+                self.identify_response = json.loads(data)
+            except ValueError as exc:
+                raise ProtocolError(f"IDENTIFY reply is not JSON: {data[:100]!r}") from exc
+        resp = self.identify_response
+        self.extended = bool(cfg.extend_support)
+
+        if cfg.tls_v1:
+            if not resp.get("tls_v1"):
+                raise NSQError(f"TLS was requested but {self.address} does not offer it")
+            context = make_tls_context(
+                ca_file=cfg.tls_ca_file,
+                verify=cfg.tls_verify,
+                cert_file=cfg.tls_cert_file,
+                key_file=cfg.tls_key_file,
+            )
+            transport.upgrade_tls(context, cfg.tls_server_name or self.host, cfg.handshake_timeout)
+            self._expect_ok(frames, "TLS upgrade")
+        if cfg.snappy and resp.get("snappy"):
+            transport.upgrade_snappy()
+            self._expect_ok(frames, "snappy upgrade")
+        elif cfg.deflate and resp.get("deflate"):
+            transport.upgrade_deflate(int(resp.get("deflate_level", cfg.deflate_level)))
+            self._expect_ok(frames, "deflate upgrade")
+        elif (cfg.snappy or cfg.deflate) and not (resp.get("snappy") or resp.get("deflate")):
+            logger.warning("%s does not offer the requested compression", self.address)
+
+        if resp.get("auth_required"):
+            if cfg.auth_secret is None:
+                raise AuthRequiredError(
+                    f"{self.address} requires AUTH; pass auth_secret=... to authenticate"
+                )
+            transport.sendall(protocol.auth(cfg.auth_secret))
+            data = self._expect_ok(frames, "AUTH")
+            try:
+                self.auth_response = json.loads(data)
+            except ValueError as exc:
+                raise ProtocolError(f"AUTH reply is not JSON: {data[:100]!r}") from exc
+            logger.info("authenticated to %s as %s", self.address, self.auth_response)
+        elif cfg.auth_secret is not None:
+            logger.warning("auth_secret given but %s does not require AUTH", self.address)
+
+    # ---------------------------------------------------------------- commands
+
+    def send(self, command: bytes) -> None:
+        """Queue a command nsqd answers only on failure (RDY, FIN, REQ, TOUCH, NOP).
+
+        Raises ConnectionClosedError if the connection is closed.
+        """
+        if self.state is ConnectionState.CLOSED:
+            raise ConnectionClosedError(f"connection to {self.address} is closed")
+        self._queue.put(command)
+
+    def request(self, command: bytes) -> Future:
+        """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future.
+
+        The Future's result is the response bytes (``b"OK"``, the 30-byte traced reply...), or
+        it fails with the ServerError nsqd sent, or ConnectionClosedError when the connection
+        closes first.  Never left waiting forever once the connection is gone.
+        """
+        future: Future = Future()
+        with self._lock:
+            if self.state is not ConnectionState.CONNECTED:
+                future.set_exception(
+                    ConnectionClosedError(
+                        f"connection to {self.address} is {self.state.value}",
+                        maybe_processed=False,
+                    )
+                )
+                return future
+            self._pending.append(future)
+            self._queue.put(command)
+        return future
+
+    def pending_count(self) -> int:
+        """Requests sent and not answered yet."""
+        with self._lock:
+            return len(self._pending) - self._pending_head
+
+    def _pop_pending(self) -> Future | None:
+        with self._lock:
+            if self._pending_head >= len(self._pending):
+                return None
+            future = self._pending[self._pending_head]
+            self._pending_head += 1
+            if self._pending_head > 1024 and self._pending_head * 2 > len(self._pending):
+                del self._pending[: self._pending_head]
+                self._pending_head = 0
+            return future
+
+    # ---------------------------------------------------------------- threads
+
+    def _write_loop(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        q = self._queue
+        stop = False
+        try:
+            while not stop:
+                try:
+                    item = q.get(timeout=1.0)
+                except queue.Empty:
+                    if self.state is ConnectionState.CLOSED:
+                        return
+                    continue
+                if item is _STOP:
+                    return
+                chunks = [item]
+                while True:
+                    try:
+                        item = q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    chunks.append(item)
+                transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+        except (OSError, NSQError, ValueError) as exc:
+            if self.state is not ConnectionState.CLOSED:
+                logger.warning("write to %s failed: %s", self.address, exc)
+                self.close_reason = self.close_reason or exc
+            transport.shutdown()
+
+    def _read_loop(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        frames = FrameReader(self.config.max_frame_size)
+        reason: BaseException | None = None
+        try:
+            while True:
+                data = transport.recv(262144)
+                if not data:
+                    if self._fatal_error is not None:
+                        reason = self._fatal_error
+                    elif self.state is not ConnectionState.CLOSING:
+                        reason = ConnectionClosedError(f"{self.address} closed the connection")
+                    break
+                for frame in frames.feed(data):
+                    self._dispatch(frame)
+        except TimeoutError:
+            reason = NSQTimeoutError(
+                f"no data from {self.address} for {self._read_deadline():.1f}s "
+                "(heartbeats missed); closing"
+            )
+        except (OSError, NSQError, ValueError) as exc:
+            if self.state is not ConnectionState.CLOSING:
+                reason = exc
+        except Exception as exc:  # a delegate bug must not leave futures hanging
+            logger.exception("unexpected error on the reader of %s", self.address)
+            reason = exc
+        finally:
+            self._finish_close(reason)
+
+    def _dispatch(self, frame: protocol.Frame) -> None:
+        ftype, data = frame
+        if ftype == protocol.FRAME_TYPE_MESSAGE:
+            self.messages_received += 1
+            self.last_message_at = time.monotonic()
+            decoded = protocol.decode_message(
+                data, youzan=self.config.youzan, extended=self.extended, ordered=self.ordered
+            )
+            if self.delegate is not None:
+                self.delegate.on_message(self, decoded)
+            return
+        if ftype == protocol.FRAME_TYPE_RESPONSE:
+            if data == protocol.HEARTBEAT:
+                self._queue.put(protocol.nop())
+                return
+            future = self._pop_pending()
+            if future is None:
+                logger.warning("unexpected response from %s: %r", self.address, data[:100])
+            elif not future.done():
+                future.set_result(data)
+            return
+        error = error_from_frame(data)
+        if error.code in _UNSOLICITED:
+            logger.warning("%s: %s", self.address, error)
+            if self.delegate is not None:
+                self.delegate.on_server_error(self, error)
+            return
+        future = self._pop_pending()
+        if future is not None and not future.done():
+            future.set_exception(error)
+        else:
+            logger.error("%s sent an error: %s", self.address, error)
+            if self.delegate is not None:
+                self.delegate.on_server_error(self, error)
+        if error.fatal:
+            # nsqd closes the connection after this error; remember it as the reason.
+            self._fatal_error = error
+
+    def _finish_close(self, reason: BaseException | None) -> None:
+        with self._lock:
+            already = self.state is ConnectionState.CLOSED
+            self.state = ConnectionState.CLOSED
+            pending = self._pending[self._pending_head :]
+            self._pending = []
+            self._pending_head = 0
+        if already:
+            return
+        if reason is not None and self.close_reason is None:
+            self.close_reason = reason
+        reason = self.close_reason if reason is None else reason
+        # nsqd handles commands in order and stops at a fatal error: whatever was queued
+        # behind the request that caused it was not processed.
+        after_fatal = isinstance(reason, ServerError)
+        for future in pending:
+            if not future.done():
+                exc = ConnectionClosedError(
+                    f"connection to {self.address} closed before nsqd answered"
+                    + (f": {reason}" if reason else ""),
+                    maybe_processed=not after_fatal,
+                )
+                exc.__cause__ = reason
+                future.set_exception(exc)
+        self._queue.put(_STOP)
+        if self._transport is not None:
+            self._transport.shutdown()
+        self._closed_event.set()
+        if reason is not None:
+            logger.info("connection to %s closed: %s", self.address, reason)
+        if self.delegate is not None:
+            try:
+                self.delegate.on_close(self, reason)
+            except Exception:
+                logger.exception("on_close delegate of %s failed", self.address)
+
+    # ---------------------------------------------------------------- closing
+
+    def send_cls(self) -> Future:
+        """Send CLS: nsqd stops sending messages and answers CLOSE_WAIT (the connection stays
+        open so in-flight messages can still be finished)."""
+        return self.request(protocol.cls())
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close: wait up to ``timeout`` seconds for pending requests to be answered, flush what
+        is queued, close the socket and join both threads.  Safe to call twice, from any thread
+        but the connection's own."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self._lock:
+            if self.state is ConnectionState.CONNECTED:
+                self.state = ConnectionState.CLOSING
+            pending = self._pending[self._pending_head :]
+        for future in pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                future.exception(timeout=remaining)
+            except TimeoutError:
+                break
+        current = threading.current_thread()
+        self._queue.put(_STOP)
+        if self._writer is not None and self._writer is not current:
+            self._writer.join(max(deadline - time.monotonic(), 0.1))
+        if self._transport is not None:
+            self._transport.shutdown()
+        if self._reader is not None and self._reader is not current:
+            self._reader.join(max(deadline - time.monotonic(), 1.0))
+        if self.state is not ConnectionState.CLOSED:
+            self._finish_close(None)
+        if self._transport is not None:
+            self._transport.close()
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Block until the connection is closed; False on timeout."""
+        return self._closed_event.wait(timeout)
+
+    # ---------------------------------------------------------------- stats
+
+    def stats(self) -> dict[str, Any]:
+        t = self._transport
+        return {
+            "address": self.address,
+            "state": self.state.value,
+            "rdy": self.rdy,
+            "in_flight": self.in_flight,
+            "messages_received": self.messages_received,
+            "pending_requests": self.pending_count(),
+            "bytes_in": t.bytes_in if t else 0,
+            "bytes_out": t.bytes_out if t else 0,
+            "tls": t.tls_version if t else None,
+            "compression": t.compression if t else None,
+            "max_rdy_count": self.max_rdy_count,
+        }

@@ -1,0 +1,625 @@
+"""Consumer: subscribe to a topic/channel on many nsqd and run a handler on each message.
+
+Threads (all named, all joined by :meth:`Consumer.stop`):
+
+* per connection, a reader and a writer (see :mod:`nsqclient.conn`);
+* ``nsq-discovery``: queries nsqlookupd (first at once, then every ``lookupd_poll_interval``
+  plus jitter), connects new nsqd, reconnects direct addresses after a growing delay, and runs
+  the user's connection hooks;
+* ``nsq-rdy``: applies the RDY policy (:mod:`nsqclient.rdy`) periodically and whenever
+  something changes (a connection comes or goes, backoff, ``set_max_in_flight``);
+* ``nsq-worker-N`` (``concurrency`` of them): run the handler.  A handler that blocks for minutes
+  stops nothing else: heartbeats are answered by the reader threads.
+
+Handler contract: return None or True -> FIN; return False or raise -> REQ (and backoff);
+raise :class:`~nsqclient.message.RequeueMessage` to choose the delay and whether to back off;
+call ``message.enable_async()`` to answer later from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import protocol
+from .backoff import BackoffMode, BackoffState, reconnect_delay
+from .config import Config
+from .conn import Connection, parse_address
+from .errors import NSQError, ServerError
+from .http import LookupdClient, producer_address
+from .message import Message, RequeueMessage
+from .rdy import ConnView, is_starved, needs_refill, rdy_targets
+
+__all__ = ["Consumer"]
+
+logger = logging.getLogger("nsqclient.consumer")
+
+_STOP = object()
+Handler = Callable[[Message], Any]
+
+
+class _ConnInfo:
+    """The consumer's bookkeeping for one connection (guarded by Consumer._lock)."""
+
+    __slots__ = ("conn", "remaining", "rdy_since", "waiting_since", "direct", "first_message")
+
+    def __init__(self, conn: Connection, direct: bool, now: float):
+        self.conn = conn
+        self.remaining = 0
+        self.rdy_since: float | None = None
+        self.waiting_since = now
+        self.direct = direct
+        self.first_message = True
+
+
+class Consumer:
+    """Consume ``topic``/``channel`` with ``handler``.
+
+    Args:
+        topic, channel: names (``#ephemeral`` allowed); validated here.
+        handler: ``handler(message)``; runs on a worker thread.
+        nsqd_tcp_addresses: nsqd to connect to directly (``"host:port"``); reconnected with
+            exponential backoff when they drop.
+        lookupd_http_addresses: nsqlookupd HTTP addresses (``"http://host:4161"`` or
+            ``"host:4161"``) to discover nsqd from.
+        giving_up: ``giving_up(message)`` called (on a worker) for a message whose attempts
+            exceed ``max_tries``, before it is FINished; the default logs a warning.
+        on_connect, on_disconnect: ``hook(address)`` / ``hook(address, reason)``, run on the
+            discovery thread when a connection is made or lost.
+        **options: :class:`~nsqclient.config.Config` options: ``max_in_flight``,
+            ``concurrency``, ``max_tries``, ``default_requeue_delay``, ``max_backoff_duration``,
+            ``lookupd_poll_interval``, ``msg_timeout``, TLS/compression/auth... (seconds).
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        nsqd_tcp_addresses: str | Sequence[str] | None = None,
+        lookupd_http_addresses: str | Sequence[str] | None = None,
+        giving_up: Callable[[Message], Any] | None = None,
+        on_connect: Callable[[str], Any] | None = None,
+        on_disconnect: Callable[[str, BaseException | None], Any] | None = None,
+        **options: Any,
+    ):
+        self.topic = protocol.check_topic_name(topic)
+        self.channel = protocol.check_channel_name(channel)
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+        self.handler = handler
+        self.config = Config(**options)
+        if isinstance(nsqd_tcp_addresses, str):
+            nsqd_tcp_addresses = [nsqd_tcp_addresses]
+        if isinstance(lookupd_http_addresses, str):
+            lookupd_http_addresses = [lookupd_http_addresses]
+        self.nsqd_tcp_addresses = [
+            f"{h}:{p}" for h, p in map(parse_address, nsqd_tcp_addresses or [])
+        ]
+        self.lookupd_http_addresses = list(lookupd_http_addresses or [])
+        if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
+            raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
+        self._lookupds = [
+            LookupdClient(a, timeout=self.config.lookupd_request_timeout)
+            for a in self.lookupd_http_addresses
+        ]
+        self.giving_up = giving_up
+        self.on_connect = on_connect
+        self.on_disconnect = on_disconnect
+        self._max_in_flight = self.config.max_in_flight
+
+        self._lock = threading.RLock()
+        self._conns: dict[str, _ConnInfo] = {}
+        self._connecting: set[str] = set()
+        self._reconnect_at: dict[str, float] = {}
+        self._reconnect_failures: dict[str, int] = {}
+        self._lookupd_found: set[str] = set()
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._rdy_wake = threading.Event()
+        self._discovery_wake = threading.Event()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._stop_requested = threading.Event()
+        self._started = False
+        self._threads: list[threading.Thread] = []
+        self._workers: list[threading.Thread] = []
+        self._busy = 0
+        self._backoff = BackoffState(
+            self.config.backoff_multiplier,
+            self.config.max_backoff_duration,
+            self.config.backoff_strategy,
+        )
+        self._stats = {
+            "received": 0,
+            "finished": 0,
+            "requeued": 0,
+            "given_up": 0,
+            "timed_out_locally": 0,
+            "handler_errors": 0,
+        }
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.topic}/{self.channel} connections={len(self._conns)}>"
+
+    # ================================================================ lifecycle
+
+    def start(self) -> None:
+        """Start the threads and connect; returns at once.  Call :meth:`stop` to finish."""
+        if self._started:
+            raise RuntimeError("Consumer already started")
+        self._started = True
+        now = time.monotonic()
+        for address in self.nsqd_tcp_addresses:
+            self._reconnect_at[address] = now
+        for i in range(self.config.concurrency):
+            t = threading.Thread(target=self._work_loop, name=f"nsq-worker-{i}", daemon=True)
+            self._workers.append(t)
+        self._threads = [
+            threading.Thread(target=self._discovery_loop, name="nsq-discovery", daemon=True),
+            threading.Thread(target=self._rdy_loop, name="nsq-rdy", daemon=True),
+        ]
+        for t in self._workers + self._threads:
+            t.start()
+
+    def run(self) -> None:
+        """Start, then block until SIGINT/SIGTERM (when called from the main thread) or
+        :meth:`stop` from another thread; stops cleanly before returning."""
+        installed = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                installed[sig] = signal.signal(sig, lambda *_: self._stop_requested.set())
+        try:
+            if not self._started:
+                self.start()
+            while not self._stop_requested.wait(0.5) and not self._stopped.is_set():
+                pass
+        finally:
+            for sig, previous in installed.items():
+                signal.signal(sig, previous)
+            self.stop()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop: CLS every connection (nsqd sends nothing more), stop discovery and reconnects,
+        let handlers finish the messages already received (up to ``timeout`` seconds; what is
+        still waiting then is requeued at once, and a handler still running is left to nsqd's
+        msg_timeout), close every connection and join every thread."""
+        if self._stopped.is_set():
+            return
+        self._stop_requested.set()
+        self._stopping.set()
+        deadline = time.monotonic() + timeout
+        self._discovery_wake.set()
+        self._rdy_wake.set()
+        for t in self._threads:
+            t.join(max(deadline - time.monotonic(), 0.1))
+        with self._lock:
+            infos = list(self._conns.values())
+        closing = []
+        for info in infos:
+            try:
+                closing.append(info.conn.send_cls())
+            except NSQError:
+                pass
+        for fut in closing:
+            try:
+                fut.exception(timeout=max(deadline - time.monotonic(), 0.01))
+            except TimeoutError:
+                pass
+        # Let the workers drain what was received.
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = self._busy
+            if busy == 0 and self._work.empty():
+                break
+            self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
+        self._requeue_unstarted()
+        for _ in self._workers:
+            self._work.put(_STOP)
+        for t in self._workers:
+            t.join(max(deadline - time.monotonic(), 0.1))
+            if t.is_alive():
+                logger.warning("%s still runs a handler after stop(); leaving it", t.name)
+        with self._lock:
+            infos = list(self._conns.values())
+        for info in infos:
+            info.conn.close(max(deadline - time.monotonic(), 1.0))
+        for lookupd in self._lookupds:
+            lookupd.close()
+        self._drain_events()
+        self._stopped.set()
+
+    def _wait_idle(self, seconds: float) -> None:
+        # Woken early by a worker finishing a message (see _finish_work).
+        self._idle.wait(seconds)
+        self._idle.clear()
+
+    _idle = threading.Event()
+
+    def _requeue_unstarted(self) -> None:
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                return
+            if item is _STOP:
+                continue
+            _, message = item
+            if not message.has_responded():
+                message.requeue(delay=0, backoff=False)
+
+    @property
+    def is_running(self) -> bool:
+        return self._started and not self._stopped.is_set()
+
+    # ================================================================ public knobs
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change ``max_in_flight``; 0 pauses (RDY 0 everywhere), a positive value resumes."""
+        if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool):
+            raise TypeError("max_in_flight must be an int")
+        if max_in_flight < 0:
+            raise ValueError(f"max_in_flight must be >= 0, not {max_in_flight}")
+        self._max_in_flight = max_in_flight
+        self._rdy_wake.set()
+
+    def is_starved(self) -> bool:
+        """True when some connection has 85% or more of its RDY in flight: a batching handler
+        holding messages (``enable_async``) should process its batch now."""
+        with self._lock:
+            return is_starved(self._views(time.monotonic()))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (received, finished, requeued, given_up, timed_out_locally,
+        handler_errors), the backoff level, and per-connection stats."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._stats)
+            out["backoff_level"] = self._backoff.level
+            out["max_in_flight"] = self._max_in_flight
+            out["connections"] = {a: i.conn.stats() for a, i in self._conns.items()}
+        return out
+
+    def connections(self) -> list[Connection]:
+        with self._lock:
+            return [i.conn for i in self._conns.values()]
+
+    # ================================================================ discovery / connecting
+
+    def _discovery_loop(self) -> None:
+        cfg = self.config
+        next_poll = time.monotonic() if self._lookupds else float("inf")
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            self._drain_events()
+            if now >= next_poll:
+                self._query_lookupds()
+                jitter = random.random() * cfg.lookupd_poll_jitter * cfg.lookupd_poll_interval
+                next_poll = time.monotonic() + cfg.lookupd_poll_interval + jitter
+            for address in self._due_reconnects(time.monotonic()):
+                if self._stopping.is_set():
+                    break
+                self._connect(address, direct=address in self.nsqd_tcp_addresses)
+            with self._lock:
+                pending = [t for t in self._reconnect_at.values()]
+            wake_at = min([next_poll, *pending], default=next_poll)
+            wait = min(max(wake_at - time.monotonic(), 0.0), 1.0)
+            if self._discovery_wake.wait(wait):
+                self._discovery_wake.clear()
+
+    def _due_reconnects(self, now: float) -> list[str]:
+        with self._lock:
+            due = [a for a, t in self._reconnect_at.items() if t <= now]
+            for a in due:
+                del self._reconnect_at[a]
+        return due
+
+    def _query_lookupds(self) -> None:
+        found: set[str] = set()
+        for lookupd in self._lookupds:
+            try:
+                result = lookupd.lookup(self.topic)
+            except NSQError as exc:
+                logger.warning("lookupd %s: %s", lookupd, exc)
+                continue
+            except Exception as exc:  # garbage from a lookupd must not kill discovery
+                logger.warning("lookupd %s returned something unusable: %r", lookupd, exc)
+                continue
+            for p in result.get("producers") or []:
+                try:
+                    found.add(producer_address(p))
+                except (KeyError, TypeError, ValueError) as exc:
+                    logger.warning("lookupd %s: bad producer entry %r: %s", lookupd, p, exc)
+        with self._lock:
+            self._lookupd_found = found
+            new = [a for a in found if a not in self._conns and a not in self._connecting]
+        for address in sorted(new):
+            if self._stopping.is_set():
+                return
+            self._connect(address, direct=False)
+
+    def _connect(self, address: str, direct: bool) -> None:
+        with self._lock:
+            if address in self._conns or address in self._connecting:
+                return
+            self._connecting.add(address)
+        conn = Connection(address, self.config, delegate=self)
+        try:
+            conn.connect()
+            conn.request(protocol.sub(self.topic, self.channel)).result(
+                self.config.handshake_timeout
+            )
+        except (OSError, NSQError, TimeoutError) as exc:
+            logger.warning("cannot subscribe to %s: %s", address, exc)
+            conn.close(0.5)
+            with self._lock:
+                self._connecting.discard(address)
+            self._schedule_reconnect(address, direct, exc)
+            return
+        with self._lock:
+            self._connecting.discard(address)
+            if self._stopping.is_set() or conn.is_closed:
+                stale = True
+            else:
+                stale = False
+                self._conns[address] = _ConnInfo(conn, direct, time.monotonic())
+                self._reconnect_failures.pop(address, None)
+        if stale:
+            conn.close(0.5)
+            return
+        logger.info("subscribed to %s/%s on %s", self.topic, self.channel, address)
+        self._run_hook(self.on_connect, address)
+        self._rdy_wake.set()
+
+    def _schedule_reconnect(self, address: str, direct: bool, reason: BaseException | None) -> None:
+        if self._stopping.is_set():
+            return
+        if not direct:
+            return  # lookupd-found nsqd come back when a later poll lists them
+        with self._lock:
+            failures = self._reconnect_failures.get(address, 0) + 1
+            self._reconnect_failures[address] = failures
+            delay = reconnect_delay(
+                failures, self.config.reconnect_interval, self.config.max_reconnect_interval
+            )
+            self._reconnect_at[address] = time.monotonic() + delay
+        logger.info("reconnecting to %s in %.1fs", address, delay)
+        self._discovery_wake.set()
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                address, reason = self._events.get_nowait()
+            except queue.Empty:
+                return
+            self._run_hook(self.on_disconnect, address, reason)
+
+    def _run_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
+        if hook is None:
+            return
+        try:
+            hook(*args)
+        except Exception:
+            logger.exception("connection hook %r failed", hook)
+
+    # ================================================================ connection delegate
+    # (these run on a connection's reader thread: quick, never user code)
+
+    def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
+        message = Message(decoded, self, conn.address)
+        message._conn = conn
+        with self._lock:
+            self._stats["received"] += 1
+            info = self._conns.get(conn.address)
+            conn.in_flight += 1
+            if info is not None and info.conn is conn:
+                info.remaining -= 1
+                mode = self._backoff.mode(time.monotonic())
+                if mode is BackoffMode.TESTING:
+                    # One message per test window: take the RDY back until its result is in.
+                    self._send_rdy(info, 0)
+                elif mode is BackoffMode.NORMAL and needs_refill(info.remaining, conn.rdy):
+                    self._send_rdy(info, conn.rdy)
+                if info.first_message:
+                    info.first_message = False
+                    self._rdy_wake.set()
+        self._work.put((conn, message))
+
+    def on_server_error(self, conn: Connection, error: ServerError) -> None:
+        logger.warning("nsqd %s: %s", conn.address, error)
+
+    def on_close(self, conn: Connection, reason: BaseException | None) -> None:
+        with self._lock:
+            info = self._conns.get(conn.address)
+            if info is None or info.conn is not conn:
+                return
+            del self._conns[conn.address]
+        self._events.put((conn.address, reason))
+        self._schedule_reconnect(conn.address, info.direct, reason)
+        self._rdy_wake.set()
+        self._discovery_wake.set()
+
+    # ================================================================ RDY
+
+    def _views(self, now: float) -> list[ConnView]:
+        return [
+            ConnView(
+                address=a,
+                rdy=i.conn.rdy,
+                max_rdy_count=i.conn.max_rdy_count,
+                in_flight=i.conn.in_flight,
+                last_message_at=None if i.first_message else i.conn.last_message_at,
+                rdy_since=i.rdy_since,
+                waiting_since=i.waiting_since,
+            )
+            for a, i in self._conns.items()
+        ]
+
+    def _send_rdy(self, info: _ConnInfo, count: int) -> None:
+        conn = info.conn
+        now = time.monotonic()
+        if count > 0 and conn.rdy == 0:
+            info.rdy_since = now
+        elif count == 0 and conn.rdy > 0:
+            info.rdy_since = None
+            info.waiting_since = now
+        conn.rdy = count
+        info.remaining = count
+        conn.last_rdy_at = now
+        try:
+            conn.send(protocol.rdy(count))
+        except NSQError:
+            pass  # closed: on_close cleans up
+
+    def _rebalance(self) -> float:
+        """Apply the RDY policy once; return seconds until it should run again."""
+        cfg = self.config
+        now = time.monotonic()
+        with self._lock:
+            if self._stopping.is_set():
+                targets = {a: 0 for a in self._conns}
+                mode = BackoffMode.PAUSED
+            else:
+                mode = self._backoff.mode(now)
+                targets = rdy_targets(
+                    self._views(now),
+                    self._max_in_flight,
+                    now,
+                    mode,
+                    cfg.low_rdy_idle_timeout,
+                    cfg.low_rdy_timeout,
+                )
+            # Lower first, so that the sum of RDY never exceeds max_in_flight.
+            changes = sorted(
+                ((n, a) for a, n in targets.items() if self._conns[a].conn.rdy != n),
+                key=lambda item: item[0] - self._conns[item[1]].conn.rdy,
+            )
+            for count, address in changes:
+                self._send_rdy(self._conns[address], count)
+        wait = cfg.rdy_redistribute_interval
+        if mode is BackoffMode.PAUSED and self._backoff.until:
+            wait = min(wait, max(self._backoff.until - now, 0.0))
+        return wait
+
+    def _rdy_loop(self) -> None:
+        while True:
+            wait = self._rebalance()
+            if self._stopping.is_set():
+                return
+            if self._rdy_wake.wait(wait):
+                self._rdy_wake.clear()
+
+    # ================================================================ handlers
+
+    def _work_loop(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is _STOP:
+                return
+            conn, message = item
+            with self._lock:
+                self._busy += 1
+            try:
+                self._handle(conn, message)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                self._idle.set()
+
+    def _handle(self, conn: Connection, message: Message) -> None:
+        cfg = self.config
+        if cfg.max_tries and message.attempts > cfg.max_tries:
+            with self._lock:
+                self._stats["given_up"] += 1
+            try:
+                if self.giving_up is not None:
+                    self.giving_up(message)
+                else:
+                    logger.warning(
+                        "giving up on message %r after %d attempts", message.id, message.attempts
+                    )
+            except Exception:
+                logger.exception("giving_up callback failed")
+            if not message.has_responded():
+                message.finish()
+            return
+        started = time.monotonic()
+        try:
+            result = self.handler(message)
+        except RequeueMessage as req:
+            if not message.has_responded():
+                message.requeue(req.delay, req.backoff)
+            result = None
+        except Exception:
+            logger.exception("handler failed on message %r; requeueing", message.id)
+            with self._lock:
+                self._stats["handler_errors"] += 1
+            if not message.has_responded():
+                message.requeue(backoff=True)
+            result = None
+        else:
+            if not message.is_async() and not message.has_responded():
+                if result is False:
+                    message.requeue(backoff=True)
+                else:
+                    message.finish()
+        elapsed = time.monotonic() - started
+        if elapsed > conn.msg_timeout:
+            with self._lock:
+                self._stats["timed_out_locally"] += 1
+            logger.warning(
+                "handler took %.1fs on message %r, past nsqd's msg_timeout of %.1fs: nsqd has "
+                "probably redelivered it; call message.touch() in long handlers",
+                elapsed,
+                message.id,
+                conn.msg_timeout,
+            )
+
+    # ================================================================ MessageResponder
+
+    def _answered(self, message: Message, counter: str, success: bool | None) -> None:
+        conn: Connection = message._conn
+        with self._lock:
+            self._stats[counter] += 1
+            if conn.in_flight > 0:
+                conn.in_flight -= 1
+            if success is not None:
+                decision = self._backoff.record(success, time.monotonic())
+                if decision is not None:
+                    logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
+                    self._rdy_wake.set()
+
+    def finish_message(self, message: Message) -> None:
+        conn: Connection = message._conn
+        try:
+            conn.send(protocol.fin(message.id))
+        except NSQError:
+            logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
+        self._answered(message, "finished", True)
+
+    def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
+        conn: Connection = message._conn
+        cfg = self.config
+        if delay is None:
+            delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+        try:
+            conn.send(protocol.req(message.id, int(round(delay * 1000))))
+        except NSQError:
+            logger.debug("cannot REQ %r: connection closed; nsqd will redeliver it", message.id)
+        self._answered(message, "requeued", False if backoff else None)
+
+    def touch_message(self, message: Message) -> None:
+        conn: Connection = message._conn
+        try:
+            conn.send(protocol.touch(message.id))
+        except NSQError:
+            logger.debug("cannot TOUCH %r: connection closed", message.id)

@@ -1,0 +1,159 @@
+"""Message: what a handler receives, and how it answers (finish, requeue, touch)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol
+
+from .protocol import DecodedMessage
+
+__all__ = ["Message", "MessageResponder", "RequeueMessage"]
+
+logger = logging.getLogger("nsqclient.message")
+
+
+class MessageResponder(Protocol):
+    """Who sends a message's FIN/REQ/TOUCH: the consumer that received it."""
+
+    def finish_message(self, message: Message) -> None: ...
+
+    def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None: ...
+
+    def touch_message(self, message: Message) -> None: ...
+
+
+class RequeueMessage(Exception):  # noqa: N818 - named for what the handler asks, as pynsq does
+    """Raise from a handler to requeue the message without logging an error.
+
+    Args:
+        delay: seconds before nsqd redelivers it (None: the consumer's default for this attempt).
+        backoff: whether this counts as a failure for the consumer's backoff.
+    """
+
+    def __init__(self, delay: float | None = None, backoff: bool = True):
+        super().__init__(f"requeue (delay={delay}, backoff={backoff})")
+        self.delay = delay
+        self.backoff = backoff
+
+
+class Message:
+    """A message delivered by nsqd.
+
+    Attributes:
+        id: the 16-byte id as nsqd sent it (ASCII hex on classic nsqd, raw on youzan's).
+        body: the payload (bytes).
+        timestamp: nanoseconds since the epoch when nsqd received it.
+        attempts: delivery attempts so far, this one included (1 on first delivery).
+        nsqd_address: ``host:port`` of the nsqd it came from.
+        partition, internal_id, trace_id, offset, raw_size, ext: youzan's fields (None otherwise).
+
+    A handler answers by returning (FIN) or raising/returning False (REQ).  After
+    :meth:`enable_async` the handler's return is ignored and the message must be answered
+    exactly once with :meth:`finish` or :meth:`requeue`, from any thread.
+    """
+
+    __slots__ = (
+        "id",
+        "body",
+        "timestamp",
+        "attempts",
+        "nsqd_address",
+        "partition",
+        "internal_id",
+        "trace_id",
+        "offset",
+        "raw_size",
+        "ext_version",
+        "ext",
+        "received_at",
+        "_responder",
+        "_conn",
+        "_responded",
+        "_async",
+        "_lock",
+    )
+
+    def __init__(
+        self,
+        decoded: DecodedMessage,
+        responder: MessageResponder | None = None,
+        nsqd_address: str = "",
+        partition: int | None = None,
+    ):
+        self.id = decoded.id
+        self.body = decoded.body
+        self.timestamp = decoded.timestamp
+        self.attempts = decoded.attempts
+        self.internal_id = decoded.internal_id
+        self.trace_id = decoded.trace_id
+        self.offset = decoded.offset
+        self.raw_size = decoded.raw_size
+        self.ext_version = decoded.ext_version
+        self.ext = decoded.ext
+        self.nsqd_address = nsqd_address
+        self.partition = partition
+        self.received_at = time.monotonic()
+        self._responder = responder
+        self._conn = None  # the Connection it arrived on (set by the consumer)
+        self._responded = False
+        self._async = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message id={self.id!r} attempts={self.attempts} "
+            f"body={self.body[:32]!r}{'...' if len(self.body) > 32 else ''}>"
+        )
+
+    # -- pynsq-compatible surface
+
+    def enable_async(self) -> None:
+        """Take over answering: the handler's return value no longer FINs/REQs the message."""
+        self._async = True
+
+    def is_async(self) -> bool:
+        return self._async
+
+    def has_responded(self) -> bool:
+        """True once finish() or requeue() was called."""
+        return self._responded
+
+    def _claim(self, what: str) -> bool:
+        with self._lock:
+            if self._responded:
+                logger.warning("message %r already answered; ignoring %s", self.id, what)
+                return False
+            self._responded = True
+            return True
+
+    def finish(self) -> None:
+        """Tell nsqd the message is done (FIN).  A second answer is ignored with a warning."""
+        if self._claim("finish") and self._responder is not None:
+            self._responder.finish_message(self)
+
+    def requeue(self, delay: float | None = None, backoff: bool = True, **kwargs) -> None:
+        """Hand the message back to nsqd (REQ) for redelivery after ``delay`` seconds.
+
+        ``delay=None`` uses the consumer's default (default_requeue_delay x attempts, capped).
+        ``backoff=True`` counts this as a failure for backoff.  pynsq's ``time_ms`` keyword is
+        accepted too (milliseconds).
+        """
+        if "time_ms" in kwargs:
+            time_ms = kwargs.pop("time_ms")
+            delay = None if time_ms is None or time_ms < 0 else time_ms / 1000.0
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        if delay is not None and delay < 0:
+            raise ValueError(f"requeue delay must be >= 0 seconds, not {delay}")
+        if self._claim("requeue") and self._responder is not None:
+            self._responder.requeue_message(self, delay, backoff)
+
+    def touch(self) -> None:
+        """Ask nsqd for more time (resets its msg_timeout for this message)."""
+        if self._responded:
+            logger.warning("message %r already answered; ignoring touch", self.id)
+            return
+        if self._responder is not None:
+            self._responder.touch_message(self)

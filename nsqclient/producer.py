@@ -1,0 +1,264 @@
+"""Producer: publish from plain synchronous or threaded code.
+
+``pub()``/``mpub()``/``dpub()`` return once nsqd answered OK and raise otherwise; the ``*_async``
+forms return a :class:`concurrent.futures.Future`.  One Producer is meant to be shared by every
+thread of a process: concurrent publishes are pipelined over the same connection and each gets
+its own answer.
+
+Guarantees, stated plainly:
+
+* A publish that returned was stored by nsqd.
+* A publish that raised :class:`ServerError` was refused by nsqd and not stored.
+* A publish that raised :class:`ConnectionClosedError` with ``maybe_processed`` True (the
+  connection died while it was in flight) may or may not have been stored; nsqclient does not
+  resend it unless ``pub_retries`` > 0, which trades this uncertainty for possible duplicates.
+* A publish queued behind a fatal error on the same connection was provably not processed by nsqd
+  (nsqd handles commands in order and closes right after a fatal error); ``pub()`` resends such
+  publishes by itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from . import protocol
+from .config import Config
+from .conn import Connection, parse_address
+from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
+
+__all__ = ["Producer"]
+
+logger = logging.getLogger("nsqclient.producer")
+
+_producers: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for producer in list(_producers):
+        producer._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class _Slot:
+    """One nsqd address of the pool and its (lazily made) connection."""
+
+    __slots__ = ("address", "conn", "lock", "failures", "down_until", "last_error")
+
+    def __init__(self, address: str):
+        self.address = address
+        self.conn: Connection | None = None
+        self.lock = threading.Lock()
+        self.failures = 0
+        self.down_until = 0.0
+        self.last_error: BaseException | None = None
+
+
+class Producer:
+    """Publishes to one or more nsqd.
+
+    Args:
+        nsqd_tcp_addresses: ``"host:port"`` or a list of them.  Publishes go round-robin over
+            the addresses; an address that cannot be reached is skipped (with a growing
+            reconnect delay) and the publish goes to the next one.
+        **options: any option of :class:`~nsqclient.config.Config` (``pub_timeout``,
+            ``dial_timeout``, ``tls_v1``, ``snappy``, ``auth_secret``, ``heartbeat_interval``...).
+            Durations are seconds.
+
+    Connections are made on first use.  A Producer made before ``os.fork()`` (gunicorn
+    ``--preload``) works in the child: the child makes its own connections.
+    """
+
+    def __init__(self, nsqd_tcp_addresses: str | Sequence[str], **options: Any):
+        if isinstance(nsqd_tcp_addresses, str):
+            nsqd_tcp_addresses = [nsqd_tcp_addresses]
+        addresses = [f"{h}:{p}" for h, p in map(parse_address, nsqd_tcp_addresses)]
+        if not addresses:
+            raise ValueError("Producer needs at least one nsqd address")
+        self.config = Config(**options)
+        self._slots = [_Slot(a) for a in addresses]
+        self._rr = itertools.count()
+        self._closed = False
+        self._pid = os.getpid()
+        _producers.add(self)
+
+    def __repr__(self) -> str:
+        return f"<Producer {[s.address for s in self._slots]}{' closed' if self._closed else ''}>"
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- public API
+
+    def pub(self, topic: str, body: bytes | str, timeout: float | None = None) -> None:
+        """Publish one message; return when nsqd answered OK.
+
+        Args:
+            body: bytes, bytearray, memoryview, or str (sent as UTF-8).
+            timeout: seconds to wait for the answer (default: the ``pub_timeout`` option).
+
+        Raises:
+            ValueError / TypeError: bad topic or body, before anything is sent.
+            ServerError: nsqd refused it (e.g. BadMessageError when too big).
+            ConnectionClosedError: no nsqd could be reached, or the connection died.
+            NSQTimeoutError: no answer within ``timeout`` (the outcome is unknown).
+        """
+        self._publish(protocol.pub(topic, body), timeout)
+
+    def mpub(self, topic: str, bodies: Sequence[bytes | str], timeout: float | None = None) -> None:
+        """Publish several messages atomically (one MPUB); see :meth:`pub`."""
+        self._publish(protocol.mpub(topic, bodies), timeout)
+
+    def dpub(
+        self, topic: str, body: bytes | str, delay: float, timeout: float | None = None
+    ) -> None:
+        """Publish one message that nsqd delivers after ``delay`` seconds; see :meth:`pub`."""
+        self._publish(protocol.dpub(topic, _delay_ms(delay), body), timeout)
+
+    def pub_async(self, topic: str, body: bytes | str) -> Future:
+        """Publish without waiting; the Future resolves to nsqd's answer (``b"OK"``) or fails
+        with the error :meth:`pub` would raise.  Bad input raises here, at once."""
+        return self._submit(protocol.pub(topic, body))
+
+    def mpub_async(self, topic: str, bodies: Sequence[bytes | str]) -> Future:
+        """:meth:`mpub` without waiting; see :meth:`pub_async`."""
+        return self._submit(protocol.mpub(topic, bodies))
+
+    def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
+        """:meth:`dpub` without waiting; see :meth:`pub_async`."""
+        return self._submit(protocol.dpub(topic, _delay_ms(delay), body))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` seconds for publishes in flight, then close every connection.
+        Publishing afterwards raises ConnectionClosedError."""
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        for slot in self._slots:
+            with slot.lock:
+                conn, slot.conn = slot.conn, None
+            if conn is not None and conn.pid == os.getpid():
+                conn.close(max(deadline - time.monotonic(), 0.0))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per-address state: connection stats, consecutive failures, last error."""
+        out = []
+        for slot in self._slots:
+            conn = slot.conn
+            entry: dict[str, Any] = {
+                "address": slot.address,
+                "connected": bool(conn and conn.is_connected),
+                "failures": slot.failures,
+                "last_error": repr(slot.last_error) if slot.last_error else None,
+            }
+            if conn is not None:
+                entry.update(conn.stats())
+            out.append(entry)
+        return out
+
+    # ---------------------------------------------------------------- internals
+
+    def _publish(self, command: bytes, timeout: float | None) -> bytes:
+        timeout = self.config.pub_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        retries_left = self.config.pub_retries
+        while True:
+            future = self._submit(command)
+            try:
+                return future.result(max(deadline - time.monotonic(), 0.0))
+            except TimeoutError as exc:
+                if isinstance(exc, NSQError):
+                    raise
+                raise NSQTimeoutError(
+                    f"nsqd did not answer within {timeout}s; the publish may or may not be stored"
+                ) from None
+            except ConnectionClosedError as exc:
+                if self._closed or time.monotonic() >= deadline:
+                    raise
+                if exc.maybe_processed:
+                    if retries_left <= 0:
+                        raise
+                    retries_left -= 1
+                logger.info("publish failed (%s); sending it again", exc)
+
+    def _submit(self, command: bytes) -> Future:
+        if self._closed:
+            raise ConnectionClosedError("this Producer is closed")
+        errors = []
+        n = len(self._slots)
+        start = next(self._rr)
+        now = time.monotonic()
+        # Healthy addresses first, then those waiting out a reconnect delay.
+        order = [self._slots[(start + i) % n] for i in range(n)]
+        order.sort(key=lambda s: s.down_until > now)
+        for slot in order:
+            conn = self._connection(slot)
+            if conn is None:
+                errors.append(f"{slot.address}: {slot.last_error}")
+                continue
+            future = conn.request(command)
+            if future.done() and not conn.is_connected:
+                # Closed before the command was queued: nothing was sent, try the next one.
+                errors.append(f"{slot.address}: {future.exception()}")
+                continue
+            return future
+        raise ConnectionClosedError("could not reach any nsqd: " + "; ".join(errors))
+
+    def _connection(self, slot: _Slot) -> Connection | None:
+        if os.getpid() != self._pid:
+            self._after_fork()
+        conn = slot.conn
+        if conn is not None and conn.is_connected:
+            return conn
+        with slot.lock:
+            conn = slot.conn
+            if conn is not None and conn.is_connected:
+                return conn
+            if self._closed:
+                raise ConnectionClosedError("this Producer is closed")
+            conn = Connection(slot.address, self.config)
+            try:
+                conn.connect()
+            except (OSError, NSQError) as exc:
+                slot.failures += 1
+                slot.last_error = exc
+                delay = min(
+                    self.config.reconnect_interval * 2 ** (slot.failures - 1),
+                    self.config.max_reconnect_interval,
+                )
+                slot.down_until = time.monotonic() + delay
+                logger.warning("cannot connect to nsqd %s: %s", slot.address, exc)
+                return None
+            slot.failures = 0
+            slot.down_until = 0.0
+            slot.conn = conn
+            return conn
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's connections (their threads did not survive
+        the fork; their sockets are the parent's) and start afresh."""
+        if os.getpid() == self._pid:
+            return
+        self._pid = os.getpid()
+        self._slots = [_Slot(s.address) for s in self._slots]
+
+
+def _delay_ms(delay: float) -> int:
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+        raise ValueError(f"delay must be a non-negative number of seconds, not {delay!r}")
+    return int(round(delay * 1000))
