@@ -1,7 +1,19 @@
-"""nsqclient: a thread-based, synchronous Python client for NSQ and youzan's partitioned NSQ."""
+"""nsqclient: a thread-based, synchronous Python client for NSQ and youzan's partitioned NSQ.
+
+The public face::
+
+    import nsqclient
+    consumer = nsqclient.Consumer("topic", "channel", handler, lookupd_http_addresses=[...])
+    consumer.run()
+    with nsqclient.Producer(["127.0.0.1:4150"]) as producer:
+        producer.pub("topic", b"body")
+"""
 
 from . import errors, protocol
+from .config import Config
+from .consumer import Consumer
 from .errors import (
+    AuthRequiredError,
     ConnectionClosedError,
     HTTPError,
     NSQError,
@@ -9,6 +21,9 @@ from .errors import (
     ProtocolError,
     ServerError,
 )
+from .http import LookupdClient, NsqdHTTPClient, TopicNotFoundError
+from .message import Message, RequeueMessage
+from .producer import Producer
 from .protocol import valid_channel_name, valid_topic_name
 
 __version__ = "0.1.0"
@@ -17,10 +32,19 @@ __all__ = [
     "__version__",
     "errors",
     "protocol",
+    "Config",
+    "Consumer",
+    "Producer",
+    "Message",
+    "RequeueMessage",
+    "NsqdHTTPClient",
+    "LookupdClient",
+    "TopicNotFoundError",
     "NSQError",
     "ProtocolError",
     "ConnectionClosedError",
     "NSQTimeoutError",
+    "AuthRequiredError",
     "ServerError",
     "HTTPError",
     "valid_topic_name",

@@ -27,6 +27,8 @@ class Option:
     max: float | None = None
     choices: tuple[Any, ...] | None = None
     nullable: bool = False
+    #: exact values accepted outside [min, max] (nsqd's -1 = disabled, 0 = its default)
+    special: tuple[Any, ...] = ()
 
     def validate(self, value: Any) -> Any:
         if value is None and self.nullable:
@@ -41,6 +43,8 @@ class Option:
             raise TypeError(f"{self.name} must be {names}, not {type(value).__name__} {value!r}")
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"{self.name} must be one of {self.choices}, not {value!r}")
+        if value in self.special:
+            return value
         if self.min is not None and value < self.min:
             raise ValueError(f"{self.name} must be >= {self.min}, not {value!r} ({self.doc})")
         if self.max is not None and value > self.max:
@@ -73,25 +77,30 @@ OPTIONS: dict[str, Option] = {
             "heartbeat_interval",
             30.0,
             float,
-            "seconds between nsqd heartbeats; -1 disables them",
-            -1,
+            "seconds between nsqd heartbeats (at least 1); -1 disables them, 0 = nsqd's default",
+            1.0,
             _HOUR,
+            special=(-1.0, 0.0),
         ),
         Option(
             "output_buffer_size",
             16384,
             int,
-            "bytes nsqd buffers before flushing to this client; -1 disables buffering",
-            -1,
+            "bytes nsqd buffers before flushing to this client (at least 64); -1 disables"
+            " buffering, 0 = nsqd's default",
+            64,
             None,
+            special=(-1, 0),
         ),
         Option(
             "output_buffer_timeout",
             0.25,
             float,
-            "seconds nsqd waits before flushing its output buffer; -1 disables the timeout",
-            -1,
+            "seconds nsqd waits before flushing its output buffer (at least nsqd's"
+            " --min-output-buffer-timeout, 0.025 by default); -1 disables it, 0 = nsqd's default",
+            0.025,
             _HOUR,
+            special=(-1.0, 0.0),
         ),
         Option("client_id", None, str, "client_id sent in IDENTIFY (default: short hostname)",
                nullable=True),
@@ -104,8 +113,9 @@ OPTIONS: dict[str, Option] = {
             "msg_timeout",
             None,
             float,
-            "seconds nsqd waits for FIN/REQ/TOUCH before requeueing (None: nsqd's default)",
-            0.001,
+            "seconds nsqd waits for FIN/REQ/TOUCH before requeueing, at least 1 (None: nsqd's"
+            " default)",
+            1.0,
             None,
             nullable=True,
         ),
@@ -245,6 +255,8 @@ class Config:
         object.__setattr__(self, "_values", values)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_values":  # not yet set: copy/pickle build the object without __init__
+            raise AttributeError(name)
         try:
             return self._values[name]
         except KeyError:
@@ -259,6 +271,9 @@ class Config:
         merged.update(options)
         return Config(**merged)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_from_dict, (self.as_dict(),))
+
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
@@ -267,6 +282,10 @@ class Config:
         if "auth_secret" in changed:
             changed["auth_secret"] = "***"
         return f"Config({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+def _from_dict(values: dict[str, Any]) -> Config:
+    return Config(**values)
 
 
 def identify_payload(config: Config, version: str) -> dict[str, Any]:

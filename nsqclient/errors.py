@@ -1,9 +1,9 @@
 """One exception hierarchy for everything nsqclient raises.
 
 Server errors arrive on the wire as an error frame whose body reads ``E_CODE description``
-(youzan's nsqd sometimes sends ``E_CODE `` with an empty description, or glues text onto the
-code).  :func:`error_from_frame` turns such a body into an instance of the class registered for
-its code, matching the code by prefix.
+(youzan's nsqd sometimes sends the code and a space with an empty description, or glues text
+onto the code).  :func:`error_from_frame` turns such a body into an instance of the class
+registered for its code, matching the code by prefix.
 
 ``fatal`` says whether the server closes the connection after sending that error.  A classic
 nsqd closes it after every error except ``E_FIN_FAILED``, ``E_REQ_FAILED`` and

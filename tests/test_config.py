@@ -1,0 +1,330 @@
+"""Tests of option validation and of the IDENTIFY payload (nsqclient.config)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Callable
+
+import pytest
+
+from nsqclient import config as config_module
+from nsqclient.config import OPTIONS, Config, Option, identify_payload
+
+FLOAT_OPTIONS = sorted(name for name, opt in OPTIONS.items() if opt.kind is float)
+INT_OPTIONS = sorted(name for name, opt in OPTIONS.items() if opt.kind is int)
+
+
+@pytest.fixture
+def fqdn(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Pin the host name identify_payload falls back on (no DNS lookup in tests)."""
+    name = "worker-7.dc1.example.com"
+    monkeypatch.setattr(config_module.socket, "getfqdn", lambda: name)
+    return name
+
+
+# ------------------------------------------------------------------------------------------
+# Defaults
+
+
+def test_defaults() -> None:
+    c = Config()
+    assert c.as_dict() == {name: opt.default for name, opt in OPTIONS.items()}
+    assert (c.max_in_flight, c.concurrency, c.max_tries) == (1, 1, 5)
+    assert (c.heartbeat_interval, c.read_timeout, c.dial_timeout) == (30.0, 60.0, 1.0)
+    assert (c.output_buffer_size, c.output_buffer_timeout) == (16384, 0.25)
+    assert c.msg_timeout is None and c.auth_secret is None and c.client_id is None
+    assert c.backoff_strategy == "exponential"
+    assert not (c.tls_v1 or c.snappy or c.deflate or c.youzan or c.extend_support)
+    assert c.tls_verify is True
+
+
+def test_every_default_passes_its_own_validation() -> None:
+    for name, opt in OPTIONS.items():
+        assert opt.name == name
+        assert opt.validate(opt.default) == opt.default
+        assert opt.doc
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_option"):
+        Config().no_such_option  # noqa: B018
+
+
+# ------------------------------------------------------------------------------------------
+# Types
+
+
+@pytest.mark.parametrize("name", FLOAT_OPTIONS)
+def test_int_accepted_for_float_option(name: str) -> None:
+    opt = OPTIONS[name]
+    value = int(opt.min) if opt.min is not None and opt.min >= 1 else 1
+    got = getattr(Config(**{name: value}), name)
+    assert type(got) is float and got == value
+
+
+@pytest.mark.parametrize("name", INT_OPTIONS)
+def test_bool_refused_for_int_option(name: str) -> None:
+    with pytest.raises(TypeError, match=f"{name} must be int, not bool"):
+        Config(**{name: True})
+
+
+@pytest.mark.parametrize("name", ["dial_timeout", "msg_timeout", "pub_timeout"])
+def test_bool_refused_for_float_option(name: str) -> None:
+    with pytest.raises(TypeError, match=name):
+        Config(**{name: True})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_in_flight", 2.0),
+        ("max_in_flight", "10"),
+        ("dial_timeout", "1"),
+        ("tls_v1", 1),
+        ("client_id", 5),
+        ("auth_secret", 123),
+        ("heartbeat_interval", None),  # not nullable
+    ],
+)
+def test_wrong_type_is_a_type_error_naming_the_option(name: str, value: object) -> None:
+    with pytest.raises(TypeError) as exc:
+        Config(**{name: value})
+    assert str(exc.value).startswith(name)
+    assert repr(value) in str(exc.value)
+
+
+def test_nullable_options_accept_none() -> None:
+    c = Config(msg_timeout=None, client_id=None, auth_secret=None)
+    assert c.msg_timeout is None and c.client_id is None and c.auth_secret is None
+
+
+@pytest.mark.parametrize("secret", ["s3cr3t", b"s3cr3t"])
+def test_auth_secret_accepts_str_and_bytes(secret: str | bytes) -> None:
+    assert Config(auth_secret=secret).auth_secret == secret
+
+
+# ------------------------------------------------------------------------------------------
+# Ranges and choices
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_in_flight", -1),
+        ("concurrency", 0),
+        ("concurrency", 4097),
+        ("sample_rate", 100),
+        ("sample_rate", -1),
+        ("deflate_level", 0),
+        ("deflate_level", 10),
+        ("max_tries", 65536),
+        ("dial_timeout", 0.0),
+        ("dial_timeout", 3601.0),
+        ("heartbeat_interval", -2.0),
+        ("output_buffer_size", -2),
+        ("lookupd_poll_jitter", 1.5),
+        ("max_frame_size", 1023),
+        ("pub_retries", 101),
+        ("msg_timeout", 0.0),
+    ],
+)
+def test_out_of_range_is_a_value_error_naming_the_option(name: str, value: float) -> None:
+    with pytest.raises(ValueError) as exc:
+        Config(**{name: value})
+    text = str(exc.value)
+    assert text.startswith(name) and repr(value) in text
+    assert OPTIONS[name].doc in text
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_in_flight", 0),
+        ("concurrency", 4096),
+        ("sample_rate", 99),
+        ("deflate_level", 1),
+        ("deflate_level", 9),
+        ("heartbeat_interval", -1),
+        ("output_buffer_size", -1),
+        ("output_buffer_timeout", -1),
+        ("lookupd_poll_jitter", 1),
+        ("max_frame_size", 1024),
+        ("max_tries", 0),
+    ],
+)
+def test_range_bounds_are_inclusive(name: str, value: float) -> None:
+    assert getattr(Config(**{name: value}), name) == value
+
+
+def test_choices() -> None:
+    assert Config(backoff_strategy="full_jitter").backoff_strategy == "full_jitter"
+    with pytest.raises(ValueError, match="backoff_strategy must be one of") as exc:
+        Config(backoff_strategy="linear")
+    assert "'linear'" in str(exc.value) and "exponential" in str(exc.value)
+
+
+def test_option_validate_with_tuple_kind_names_every_type() -> None:
+    opt = Option("x", None, (str, bytes), "doc")
+    with pytest.raises(TypeError, match="x must be str/bytes, not int 1"):
+        opt.validate(1)
+
+
+# ------------------------------------------------------------------------------------------
+# Unknown options
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("max_inflight", "max_in_flight"), ("heartbeat", "heartbeat_interval"), ("snapy", "snappy")],
+)
+def test_unknown_option_suggests_the_closest_name(typo: str, meant: str) -> None:
+    with pytest.raises(TypeError, match=f"unknown option '{typo}'; did you mean '{meant}'\\?"):
+        Config(**{typo: 1})
+
+
+def test_unknown_option_without_close_match_has_no_hint() -> None:
+    with pytest.raises(TypeError, match="unknown option 'zzzzzzzz'") as exc:
+        Config(zzzzzzzz=1)
+    assert "did you mean" not in str(exc.value)
+
+
+# ------------------------------------------------------------------------------------------
+# replace(), immutability, repr
+
+
+def test_replace_returns_a_validated_copy() -> None:
+    base = Config(max_in_flight=10, snappy=True)
+    new = base.replace(max_in_flight=20, concurrency=4)
+    assert (new.max_in_flight, new.concurrency, new.snappy) == (20, 4, True)
+    assert (base.max_in_flight, base.concurrency) == (10, 1)  # the original is untouched
+    assert new is not base
+
+
+def test_replace_can_go_back_to_the_default_and_to_none() -> None:
+    base = Config(max_in_flight=10, msg_timeout=30)
+    new = base.replace(max_in_flight=1, msg_timeout=None)
+    assert new.max_in_flight == 1 and new.msg_timeout is None
+
+
+def test_replace_validates() -> None:
+    base = Config()
+    with pytest.raises(ValueError, match="max_in_flight"):
+        base.replace(max_in_flight=-5)
+    with pytest.raises(TypeError, match="did you mean 'max_in_flight'"):
+        base.replace(max_inflight=5)
+
+
+def test_config_is_immutable() -> None:
+    c = Config(max_in_flight=3)
+    with pytest.raises(AttributeError, match="immutable"):
+        c.max_in_flight = 4
+    with pytest.raises(AttributeError, match="immutable"):
+        c.brand_new = 1
+    with pytest.raises(AttributeError):
+        del c.max_in_flight
+    c.as_dict()["max_in_flight"] = 99  # as_dict() is a copy
+    assert c.max_in_flight == 3
+
+
+def test_repr_shows_only_changed_options() -> None:
+    assert repr(Config()) == "Config()"
+    assert repr(Config(max_in_flight=5, backoff_strategy="full_jitter")) == (
+        "Config(max_in_flight=5, backoff_strategy='full_jitter')"
+    )
+
+
+@pytest.mark.parametrize("secret", ["hunter2", b"hunter2"])
+def test_repr_hides_auth_secret(secret: str | bytes) -> None:
+    text = repr(Config(auth_secret=secret, max_in_flight=2))
+    assert "hunter2" not in text
+    assert "auth_secret='***'" in text and "max_in_flight=2" in text
+
+
+@pytest.mark.parametrize(
+    "clone",
+    [copy.copy, copy.deepcopy, lambda c: pickle.loads(pickle.dumps(c))],
+    ids=["copy", "deepcopy", "pickle"],
+)
+def test_config_can_be_copied_and_pickled(clone: Callable[[Config], Config]) -> None:
+    c = Config(max_in_flight=7, auth_secret="s")
+    back = clone(c)
+    assert back.as_dict() == c.as_dict()
+
+
+# ------------------------------------------------------------------------------------------
+# identify_payload
+
+
+def test_identify_payload_defaults(fqdn: str) -> None:
+    payload = identify_payload(Config(), "1.2.3")
+    assert payload == {
+        "client_id": "worker-7",
+        "hostname": fqdn,
+        "user_agent": "nsqclient/1.2.3",
+        "feature_negotiation": True,
+        "heartbeat_interval": 30000,
+        "output_buffer_size": 16384,
+        "output_buffer_timeout": 250,
+        "tls_v1": False,
+        "snappy": False,
+        "deflate": False,
+        "deflate_level": 6,
+        "sample_rate": 0,
+    }
+    assert "msg_timeout" not in payload and "extend_support" not in payload
+
+
+def test_identify_payload_uses_configured_names(fqdn: str) -> None:
+    c = Config(client_id="me", hostname="box", user_agent="app/2")
+    payload = identify_payload(c, "0.1")
+    assert (payload["client_id"], payload["hostname"], payload["user_agent"]) == (
+        "me",
+        "box",
+        "app/2",
+    )
+
+
+def test_identify_payload_converts_seconds_to_milliseconds(fqdn: str) -> None:
+    c = Config(heartbeat_interval=1.5, output_buffer_timeout=0.1, msg_timeout=45.25)
+    payload = identify_payload(c, "0")
+    assert payload["heartbeat_interval"] == 1500
+    assert payload["output_buffer_timeout"] == 100
+    assert payload["msg_timeout"] == 45250
+    assert all(
+        type(payload[k]) is int
+        for k in ("heartbeat_interval", "output_buffer_timeout", "msg_timeout")
+    )
+
+
+def test_identify_payload_rounds_rather_than_truncates(fqdn: str) -> None:
+    # 0.3 s is 299.999... ms in binary floating point
+    assert identify_payload(Config(output_buffer_timeout=0.3), "0")["output_buffer_timeout"] == 300
+
+
+@pytest.mark.parametrize("disabled", [-1, -1.0])
+def test_identify_payload_minus_one_stays_minus_one(fqdn: str, disabled: float) -> None:
+    c = Config(heartbeat_interval=disabled, output_buffer_timeout=disabled, output_buffer_size=-1)
+    payload = identify_payload(c, "0")
+    assert payload["heartbeat_interval"] == -1
+    assert payload["output_buffer_timeout"] == -1
+    assert payload["output_buffer_size"] == -1
+
+
+def test_identify_payload_msg_timeout_only_when_set(fqdn: str) -> None:
+    assert "msg_timeout" not in identify_payload(Config(msg_timeout=None), "0")
+    assert identify_payload(Config(msg_timeout=60), "0")["msg_timeout"] == 60000
+
+
+def test_identify_payload_extend_support_only_when_set(fqdn: str) -> None:
+    assert "extend_support" not in identify_payload(Config(extend_support=False), "0")
+    payload = identify_payload(Config(youzan=True, extend_support=True), "0")
+    assert payload["extend_support"] is True
+
+
+def test_identify_payload_carries_negotiated_features(fqdn: str) -> None:
+    c = Config(tls_v1=True, snappy=True, deflate=True, deflate_level=3, sample_rate=25)
+    payload = identify_payload(c, "0")
+    assert (payload["tls_v1"], payload["snappy"], payload["deflate"]) == (True, True, True)
+    assert (payload["deflate_level"], payload["sample_rate"]) == (3, 25)
+    assert payload["feature_negotiation"] is True
