@@ -9,7 +9,8 @@ The public face::
         producer.pub("topic", b"body")
 """
 
-from . import errors, protocol
+from . import compat, errors, protocol
+from .compat import Error, Reader, Writer, run, stop
 from .config import Config
 from .consumer import Consumer
 from .errors import (
@@ -31,6 +32,12 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "errors",
+    "compat",
+    "Reader",
+    "Writer",
+    "run",
+    "stop",
+    "Error",
     "protocol",
     "Config",
     "Consumer",

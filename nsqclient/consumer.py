@@ -127,6 +127,7 @@ class Consumer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_requested = threading.Event()
+        self._idle = threading.Event()
         self._started = False
         self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
@@ -158,12 +159,13 @@ class Consumer:
         now = time.monotonic()
         for address in self.nsqd_tcp_addresses:
             self._reconnect_at[address] = now
+        tag = f"{self.topic}/{self.channel}"
         for i in range(self.config.concurrency):
-            t = threading.Thread(target=self._work_loop, name=f"nsq-worker-{i}", daemon=True)
+            t = threading.Thread(target=self._work_loop, name=f"nsq-worker-{tag}-{i}", daemon=True)
             self._workers.append(t)
         self._threads = [
-            threading.Thread(target=self._discovery_loop, name="nsq-discovery", daemon=True),
-            threading.Thread(target=self._rdy_loop, name="nsq-rdy", daemon=True),
+            threading.Thread(target=self._discovery_loop, name=f"nsq-discovery-{tag}", daemon=True),
+            threading.Thread(target=self._rdy_loop, name=f"nsq-rdy-{tag}", daemon=True),
         ]
         for t in self._workers + self._threads:
             t.start()
@@ -236,11 +238,9 @@ class Consumer:
         self._stopped.set()
 
     def _wait_idle(self, seconds: float) -> None:
-        # Woken early by a worker finishing a message (see _finish_work).
+        # Woken early by a worker finishing a message (see _work_loop).
         self._idle.wait(seconds)
         self._idle.clear()
-
-    _idle = threading.Event()
 
     def _requeue_unstarted(self) -> None:
         while True:
@@ -415,7 +415,7 @@ class Consumer:
     # (these run on a connection's reader thread: quick, never user code)
 
     def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
-        message = Message(decoded, self, conn.address)
+        message = Message(decoded, responder=self, nsqd_address=conn.address)
         message._conn = conn
         with self._lock:
             self._stats["received"] += 1

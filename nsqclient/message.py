@@ -77,11 +77,18 @@ class Message:
 
     def __init__(
         self,
-        decoded: DecodedMessage,
+        decoded: DecodedMessage | bytes,
+        body: bytes | None = None,
+        timestamp: int = 0,
+        attempts: int = 1,
+        *,
         responder: MessageResponder | None = None,
         nsqd_address: str = "",
         partition: int | None = None,
     ):
+        if not isinstance(decoded, DecodedMessage):
+            # pynsq's form: Message(id, body, timestamp, attempts)
+            decoded = DecodedMessage(timestamp, attempts, decoded, body or b"")
         self.id = decoded.id
         self.body = decoded.body
         self.timestamp = decoded.timestamp
@@ -145,8 +152,10 @@ class Message:
             delay = None if time_ms is None or time_ms < 0 else time_ms / 1000.0
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        if delay == -1:  # pynsq's "compute it from the attempts"
+            delay = None
         if delay is not None and delay < 0:
-            raise ValueError(f"requeue delay must be >= 0 seconds, not {delay}")
+            raise ValueError(f"requeue delay must be >= 0 seconds (or -1), not {delay}")
         if self._claim("requeue") and self._responder is not None:
             self._responder.requeue_message(self, delay, backoff)
 

@@ -216,6 +216,7 @@ class Producer:
                 # Closed before the command was queued: nothing was sent, try the next one.
                 errors.append(f"{slot.address}: {future.exception()}")
                 continue
+            future.nsqd_address = slot.address  # type: ignore[attr-defined]
             return future
         raise ConnectionClosedError("could not reach any nsqd: " + "; ".join(errors))
 
