@@ -140,7 +140,8 @@ class Connection:
 
     @property
     def is_connected(self) -> bool:
-        return self.state is ConnectionState.CONNECTED
+        """True while requests can be sent (not after nsqd sent a fatal error)."""
+        return self.state is ConnectionState.CONNECTED and self._fatal_error is None
 
     @property
     def is_closed(self) -> bool:
@@ -314,8 +315,9 @@ class Connection:
         closes first.  Never left waiting forever once the connection is gone.
         """
         future: Future = Future()
+        future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
         with self._lock:
-            if self.state is not ConnectionState.CONNECTED:
+            if self.state is not ConnectionState.CONNECTED or self._fatal_error is not None:
                 future.set_exception(
                     ConnectionClosedError(
                         f"connection to {self.address} is {self.state.value}",
@@ -372,7 +374,7 @@ class Connection:
                     chunks.append(item)
                 transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
         except (OSError, NSQError, ValueError) as exc:
-            if self.state is not ConnectionState.CLOSED:
+            if self.state is not ConnectionState.CLOSED and self._fatal_error is None:
                 logger.warning("write to %s failed: %s", self.address, exc)
                 self.close_reason = self.close_reason or exc
             transport.shutdown()
@@ -399,7 +401,9 @@ class Connection:
                 "(heartbeats missed); closing"
             )
         except (OSError, NSQError, ValueError) as exc:
-            if self.state is not ConnectionState.CLOSING:
+            if self._fatal_error is not None:
+                reason = self._fatal_error
+            elif self.state is not ConnectionState.CLOSING:
                 reason = exc
         except Exception as exc:  # a delegate bug must not leave futures hanging
             logger.exception("unexpected error on the reader of %s", self.address)
@@ -459,7 +463,7 @@ class Connection:
         reason = self.close_reason if reason is None else reason
         # nsqd handles commands in order and stops at a fatal error: whatever was queued
         # behind the request that caused it was not processed.
-        after_fatal = isinstance(reason, ServerError)
+        after_fatal = self._fatal_error is not None or isinstance(reason, ServerError)
         for future in pending:
             if not future.done():
                 exc = ConnectionClosedError(

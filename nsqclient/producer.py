@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from . import protocol
+from .backoff import reconnect_delay
 from .config import Config
 from .conn import Connection, parse_address
 from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
@@ -178,7 +179,12 @@ class Producer:
         deadline = time.monotonic() + timeout
         retries_left = self.config.pub_retries
         while True:
-            future = self._submit(command)
+            try:
+                future = self._submit(command, deadline)
+            except ConnectionClosedError as exc:
+                if time.monotonic() >= deadline:
+                    raise NSQTimeoutError(f"no nsqd connection within {timeout}s: {exc}") from exc
+                raise
             try:
                 return future.result(max(deadline - time.monotonic(), 0.0))
             except TimeoutError as exc:
@@ -196,9 +202,9 @@ class Producer:
                     retries_left -= 1
                 logger.info("publish failed (%s); sending it again", exc)
 
-    def _submit(self, command: bytes) -> Future:
+    def _submit(self, command: bytes, deadline: float | None = None) -> Future:
         if self._closed:
-            raise ConnectionClosedError("this Producer is closed")
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
         n = len(self._slots)
         start = next(self._rr)
@@ -207,48 +213,71 @@ class Producer:
         order = [self._slots[(start + i) % n] for i in range(n)]
         order.sort(key=lambda s: s.down_until > now)
         for slot in order:
-            conn = self._connection(slot)
+            conn = self._connection(slot, deadline)
             if conn is None:
                 errors.append(f"{slot.address}: {slot.last_error}")
                 continue
             future = conn.request(command)
             if future.done() and not conn.is_connected:
-                # Closed before the command was queued: nothing was sent, try the next one.
-                errors.append(f"{slot.address}: {future.exception()}")
-                continue
+                # It closed just now, before the command was queued: nothing was sent.
+                # One fresh connection to the same nsqd, then the next address.
+                conn = self._connection(slot, deadline)
+                if conn is not None:
+                    future = conn.request(command)
+                if conn is None or (future.done() and not conn.is_connected):
+                    errors.append(f"{slot.address}: {slot.last_error or future.exception()}")
+                    continue
             future.nsqd_address = slot.address  # type: ignore[attr-defined]
             return future
-        raise ConnectionClosedError("could not reach any nsqd: " + "; ".join(errors))
+        raise ConnectionClosedError(
+            "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
+        )
 
-    def _connection(self, slot: _Slot) -> Connection | None:
+    def _connection(self, slot: _Slot, deadline: float | None = None) -> Connection | None:
         if os.getpid() != self._pid:
             self._after_fork()
         conn = slot.conn
         if conn is not None and conn.is_connected:
             return conn
-        with slot.lock:
-            conn = slot.conn
-            if conn is not None and conn.is_connected:
-                return conn
-            if self._closed:
-                raise ConnectionClosedError("this Producer is closed")
-            conn = Connection(slot.address, self.config)
-            try:
-                conn.connect()
-            except (OSError, NSQError) as exc:
-                slot.failures += 1
-                slot.last_error = exc
-                delay = min(
-                    self.config.reconnect_interval * 2 ** (slot.failures - 1),
-                    self.config.max_reconnect_interval,
-                )
-                slot.down_until = time.monotonic() + delay
-                logger.warning("cannot connect to nsqd %s: %s", slot.address, exc)
-                return None
-            slot.failures = 0
-            slot.down_until = 0.0
-            slot.conn = conn
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if not slot.lock.acquire(timeout=-1 if remaining is None else max(remaining, 0.0)):
+            slot.last_error = NSQTimeoutError(f"timed out waiting to connect to {slot.address}")
+            return None
+        try:
+            return self._connect_locked(slot, deadline)
+        finally:
+            slot.lock.release()
+
+    def _connect_locked(self, slot: _Slot, deadline: float | None) -> Connection | None:
+        conn = slot.conn
+        if conn is not None and conn.is_connected:
             return conn
+        if self._closed:
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
+        config = self.config
+        if deadline is not None:
+            remaining = max(deadline - time.monotonic(), 0.01)
+            if remaining < config.dial_timeout + config.handshake_timeout:
+                config = config.replace(
+                    dial_timeout=min(config.dial_timeout, remaining),
+                    handshake_timeout=min(config.handshake_timeout, remaining),
+                )
+        conn = Connection(slot.address, config)
+        try:
+            conn.connect()
+        except (OSError, NSQError) as exc:
+            slot.failures += 1
+            slot.last_error = exc
+            delay = reconnect_delay(
+                slot.failures, self.config.reconnect_interval, self.config.max_reconnect_interval
+            )
+            slot.down_until = time.monotonic() + delay
+            logger.warning("cannot connect to nsqd %s: %s", slot.address, exc)
+            return None
+        slot.failures = 0
+        slot.down_until = 0.0
+        slot.conn = conn
+        return conn
 
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections (their threads did not survive
