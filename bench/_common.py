@@ -1,0 +1,619 @@
+"""Shared plumbing for the benchmark scripts in ``bench/`` (not part of the package).
+
+The scripts compare nsqclient with pynsq on one broker in one run.  The parent process owns the
+broker (real binaries, the embedded NSQ, or an existing nsqd given on the command line), makes a
+fresh topic per case, and runs each client in its own subprocess, one after the other, so that
+the clients share neither RSS nor the GIL (nor the GIL of the embedded broker).  A child prints
+one ``BENCH-RESULT {json}`` line; the parent checks the broker's ``/stats`` so that no figure
+rests on the client's own word.
+
+Rates are messages per second; times are seconds; memory is KiB (as ``/proc`` reports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MESSAGE_SIZE = 200
+RESULT_MARK = "BENCH-RESULT "
+HTTP_TIMEOUT = 10.0
+
+_run_id = f"{os.getpid() % 100000}_{int(time.time()) % 100000}"
+_topic_seq = 0
+
+
+def message_body(size: int = MESSAGE_SIZE) -> bytes:
+    """One message body of ``size`` bytes (printable, so it is readable in nsq_tail)."""
+    pattern = b"nsqclient-bench-0123456789abcdefghijklmnopqrstuvwxyz-"
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+def fresh_topic(case: str, client: str) -> str:
+    """A topic name no earlier case of this run used (nsqd limits names to 64 characters)."""
+    global _topic_seq
+    _topic_seq += 1
+    name = f"b{_run_id}_{_topic_seq}_{case}_{client}"
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in name)[:64]
+
+
+# ------------------------------------------------------------------------------ memory
+
+
+def proc_status_kib(field: str = "VmRSS") -> int:
+    """A ``/proc/self/status`` field in KiB (``VmRSS``: resident set; ``VmHWM``: its peak);
+    0 where /proc is not available."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system, all threads) this process used so far, in seconds."""
+    t = os.times()
+    return t.user + t.system
+
+
+# ------------------------------------------------------------------------------ broker
+
+
+@dataclass
+class Broker:
+    """Where the benchmark's nsqd is: its TCP and HTTP ``host:port`` and what it is."""
+
+    tcp_address: str
+    http_address: str
+    kind: str  # "real", "embedded" or "external"
+    description: str
+    pid: int | None = None  # the broker's process (for its CPU time), when known
+
+
+def find_listener_pid(tcp_address: str) -> int | None:
+    """The pid of a local process started with ``--tcp-address=<tcp_address>`` (how nsqd and
+    the embedded NSQ's command line take it), or None."""
+    needle = f"--tcp-address={tcp_address}".encode()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in argv:
+            return int(entry)
+    return None
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """CPU time (user + system, all threads) process ``pid`` used so far, in seconds, from
+    ``/proc/<pid>/stat``; None when unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # after "pid (comm)": state is field 3, utime 14 and stime 15 (1-based)
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+class CpuWindow:
+    """CPU used by this process and by the broker between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, broker_pid: int | None):
+        self.broker_pid = broker_pid
+        self.wall = self.cpu = 0.0
+        self.broker_cpu: float | None = None
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._c0 = cpu_seconds()
+        self._b0 = process_cpu_seconds(self.broker_pid)
+
+    def stop(self) -> None:
+        if self._t0 is None:
+            return  # never started (the run failed before the clock began)
+        self.wall = time.perf_counter() - self._t0
+        self.cpu = cpu_seconds() - self._c0
+        b1 = process_cpu_seconds(self.broker_pid)
+        self.broker_cpu = None if b1 is None or self._b0 is None else b1 - self._b0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seconds": self.wall, "cpu": self.cpu, "broker_cpu": self.broker_cpu}
+
+
+def describe_cpu(result: dict[str, Any], n: int) -> str:
+    """``"12.3 us CPU/msg, broker 87% of a core"`` for a child's result."""
+    text = f"{result['cpu'] / n * 1e6:5.1f} us CPU/msg"
+    if result.get("broker_cpu") is not None and result["seconds"] > 0:
+        text += f", broker {100 * result['broker_cpu'] / result['seconds']:3.0f}% of a core"
+    return text
+
+
+def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("broker")
+    group.add_argument(
+        "--broker",
+        choices=("auto", "real", "embedded"),
+        default="auto",
+        help="start real binaries (from --bin-dir / $NSQ_BIN_DIR) or the embedded NSQ; "
+        "auto: real when NSQ_BIN_DIR is set, else embedded (default: auto)",
+    )
+    group.add_argument(
+        "--bin-dir",
+        default=os.environ.get("NSQ_BIN_DIR"),
+        help="directory holding nsqd and nsqlookupd (default: $NSQ_BIN_DIR)",
+    )
+    group.add_argument("--nsqd", metavar="HOST:PORT", help="use this running nsqd (TCP address)")
+    group.add_argument(
+        "--nsqd-http",
+        metavar="HOST:PORT",
+        help="HTTP address of --nsqd (default: its TCP port + 1)",
+    )
+    group.add_argument(
+        "--mem-queue-size",
+        type=int,
+        default=None,
+        help="nsqd --mem-queue-size for a broker this script starts (default: enough to keep "
+        "every message of the run in memory, so that nsqd's disk queue and its fsyncs do not "
+        "slow the broker down)",
+    )
+    group.add_argument(
+        "--lookupd",
+        metavar="HOST:PORT",
+        help="use the first nsqd this running nsqlookupd (HTTP address) knows",
+    )
+
+
+def _http_json(url: str, method: str = "GET", timeout: float = HTTP_TIMEOUT) -> Any:
+    req = urllib.request.Request(
+        url, method=method, headers={"Accept": "application/vnd.nsq; version=1.0"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback/args)
+        body = resp.read()
+    if not body:
+        return None
+    data = json.loads(body)
+    # pre-1.0 nsqd/nsqlookupd wrap their replies
+    if isinstance(data, dict) and "status_code" in data and "data" in data:
+        data = data["data"]
+    return data
+
+
+def _from_lookupd(lookupd: str) -> tuple[str, str]:
+    base = lookupd if "://" in lookupd else f"http://{lookupd}"
+    nodes = _http_json(base.rstrip("/") + "/nodes").get("producers") or []
+    if not nodes:
+        raise SystemExit(f"nsqlookupd {lookupd} knows no nsqd")
+    node = nodes[0]
+    host = node.get("broadcast_address") or node.get("hostname")
+    return f"{host}:{node['tcp_port']}", f"{host}:{node['http_port']}"
+
+
+@contextlib.contextmanager
+def open_broker(args: argparse.Namespace, **nsqd_options: Any) -> Iterator[Broker]:
+    """Start (or find) the nsqd the run uses; stop it afterwards if we started it."""
+    if args.nsqd or args.lookupd:
+        if args.nsqd:
+            tcp = args.nsqd
+            host, _, port = tcp.rpartition(":")
+            http = args.nsqd_http or f"{host}:{int(port) + 1}"
+        else:
+            tcp, http = _from_lookupd(args.lookupd)
+        try:
+            urllib.request.urlopen(f"http://{http}/ping", timeout=HTTP_TIMEOUT).close()  # noqa: S310
+        except OSError as exc:
+            raise SystemExit(
+                f"nsqd HTTP at {http} does not answer /ping ({exc}); pass --nsqd-http HOST:PORT"
+            ) from exc
+        yield Broker(
+            tcp, http, "external", f"existing nsqd {tcp} (http {http})", find_listener_pid(tcp)
+        )
+        return
+    kind = args.broker
+    if kind == "auto":
+        kind = "real" if args.bin_dir else "embedded"
+    if kind == "real":
+        if not args.bin_dir:
+            raise SystemExit("--broker real needs --bin-dir or NSQ_BIN_DIR")
+        from nsqclient.testing.real import RealNSQ
+
+        cluster: Any = RealNSQ(nsqd_count=1, lookupd=False, bin_dir=args.bin_dir, **nsqd_options)
+        what = f"real nsqd from {args.bin_dir}"
+    else:
+        try:
+            from nsqclient.testing import EmbeddedNSQ  # type: ignore[attr-defined]
+        except ImportError:
+            try:
+                from nsqclient.testing.cluster import EmbeddedNSQ  # type: ignore[no-redef]
+            except ImportError as exc:
+                raise SystemExit(
+                    f"the embedded NSQ is not available ({exc}); "
+                    "set NSQ_BIN_DIR or pass --nsqd HOST:PORT"
+                ) from exc
+        cluster = EmbeddedNSQ(nsqd_count=1, lookupd=False, **nsqd_options)
+        what = "embedded nsqd (in the parent process, its own GIL)"
+    cluster.start()
+    try:
+        node = cluster.nsqd
+        pid = os.getpid() if kind == "embedded" else find_listener_pid(node.tcp_address)
+        yield Broker(
+            node.tcp_address, node.http_address, kind, f"{what} at {node.tcp_address}", pid
+        )
+    finally:
+        cluster.close()
+
+
+# ------------------------------------------------------------------------------ nsqd HTTP
+
+
+def topic_stats(http_address: str, topic: str) -> dict[str, Any] | None:
+    """The topic's entry of nsqd ``/stats`` (with its channels), or None if nsqd has no such
+    topic."""
+    query = urllib.parse.urlencode({"format": "json", "topic": topic})
+    data = _http_json(f"http://{http_address}/stats?{query}")
+    for entry in data.get("topics") or []:
+        if entry.get("topic_name") == topic:
+            return entry
+    return None
+
+
+def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any] | None:
+    entry = topic_stats(http_address, topic)
+    for ch in (entry or {}).get("channels") or []:
+        if ch.get("channel_name") == channel:
+            return ch
+    return None
+
+
+def create_channel(http_address: str, topic: str, channel: str) -> None:
+    """Create ``topic`` and ``channel`` over HTTP, so that published messages go straight to the
+    channel."""
+    q = urllib.parse.urlencode({"topic": topic})
+    _http_json(f"http://{http_address}/topic/create?{q}", method="POST")
+    q = urllib.parse.urlencode({"topic": topic, "channel": channel})
+    _http_json(f"http://{http_address}/channel/create?{q}", method="POST")
+
+
+def delete_topic(http_address: str, topic: str) -> None:
+    """Delete a topic (and its messages) once a case is verified, so that a long run does not
+    pile up messages in the broker's memory.  Failures are ignored."""
+    q = urllib.parse.urlencode({"topic": topic})
+    try:
+        _http_json(f"http://{http_address}/topic/delete?{q}", method="POST")
+    except (OSError, ValueError):
+        pass
+
+
+def wait_for(what: str, probe: Callable[[], Any], ok: Callable[[Any], bool], timeout: float) -> Any:
+    """Call ``probe`` until ``ok(result)`` or ``timeout`` seconds pass; return the last result
+    (the caller decides what a miss means)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    value = None
+    while True:
+        try:
+            value = probe()
+        except (OSError, ValueError) as exc:
+            value = exc
+        if not isinstance(value, Exception) and ok(value):
+            return value
+        if time.monotonic() >= deadline:
+            print(f"  ! gave up waiting for {what}: last saw {value!r}", file=sys.stderr)
+            return value
+        pause.wait(0.05)
+
+
+def topic_message_count(http_address: str, topic: str) -> int:
+    entry = topic_stats(http_address, topic)
+    return int(entry["message_count"]) if entry else 0
+
+
+# ------------------------------------------------------------------------------ children
+
+
+class ChildError(RuntimeError):
+    """A benchmark subprocess failed."""
+
+
+def run_child(script: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``script --child SPEC`` with this interpreter; return its ``BENCH-RESULT`` dict.
+
+    The child's stderr passes through (its log and profile go there).  With
+    ``spec["py_spy"]`` (the py-spy binary) and ``spec["profile"]`` (a directory), the child
+    runs under ``py-spy record`` and a summary of the samples is written next to them."""
+    argv = [sys.executable, script, "--child", json.dumps(spec)]
+    raw = None
+    if spec.get("py_spy") and spec.get("profile"):
+        Path(spec["profile"]).mkdir(parents=True, exist_ok=True)
+        raw = Path(spec["profile"]) / f"{spec['client']}-{spec['case']}.pyspy.txt"
+        argv = [
+            spec["py_spy"],
+            "record",
+            "--format",
+            "raw",
+            "--threads",
+            "--gil",
+            "--rate",
+            "500",
+            "--nonblocking",
+            "-o",
+            str(raw),
+            "--",
+            *argv,
+        ]
+    try:
+        proc = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        what = f"{spec.get('client')} {spec.get('case')}"
+        raise ChildError(f"{what}: no result in {timeout}s") from exc
+    result = None
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_MARK):
+            result = json.loads(line[len(RESULT_MARK) :])
+    if proc.returncode != 0 or result is None:
+        raise ChildError(
+            f"{spec.get('client')} {spec.get('case')}: child exited {proc.returncode}, "
+            f"output: {proc.stdout[-2000:]}"
+        )
+    if result.get("error"):
+        raise ChildError(f"{spec.get('client')} {spec.get('case')}: {result['error']}")
+    if raw is not None and raw.exists():
+        summary = raw.with_name(raw.name.replace(".pyspy.txt", ".pyspy-summary.txt"))
+        summary.write_text(summarize_py_spy(raw))
+        print(f"  py-spy profile of {spec['client']} {spec['case']}: {summary}", file=sys.stderr)
+    return result
+
+
+def emit_result(result: dict[str, Any]) -> None:
+    """In a child: hand the result to the parent (one line on stdout)."""
+    sys.stdout.write(RESULT_MARK + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------ profiling
+
+
+class ThreadProfiler:
+    """cProfile in every thread started while it is active (wall-clock timer: time a thread
+    spends blocked shows up in the blocking call, e.g. ``acquire`` or ``recv``).
+
+    Threads that exist before :meth:`start` (other than the caller) are not profiled.
+    """
+
+    def __init__(self) -> None:
+        self._profiles: list[cProfile.Profile] = []
+        self._lock = threading.Lock()
+
+    def _new(self) -> cProfile.Profile:
+        prof = cProfile.Profile()
+        with self._lock:
+            self._profiles.append(prof)
+        return prof
+
+    def _bootstrap(self, frame: Any, event: str, arg: Any) -> None:
+        sys.setprofile(None)
+        self._new().enable()
+
+    def start(self) -> None:
+        threading.setprofile(self._bootstrap)
+        self._new().enable()
+
+    def stop(self) -> None:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        with self._lock:
+            self._profiles[0].disable()
+
+    def report(self, path: str | None, limit: int = 30) -> str:
+        """Merge the threads' profiles; write a pstats dump to ``path`` (if given) and return
+        the top ``limit`` functions by own time and by cumulative time."""
+        with self._lock:
+            profiles = list(self._profiles)
+        stats: pstats.Stats | None = None
+        out = io.StringIO()
+        for prof in profiles:
+            try:
+                if stats is None:
+                    stats = pstats.Stats(prof, stream=out)
+                else:
+                    stats.add(prof)
+            except TypeError:  # a thread that recorded nothing
+                continue
+        if stats is None:
+            return "(no profile data)"
+        if path:
+            stats.dump_stats(path)
+        stats.strip_dirs().sort_stats("tottime").print_stats(limit)
+        stats.sort_stats("cumulative").print_stats(limit)
+        return out.getvalue()
+
+
+def find_py_spy(explicit: str | None) -> str | None:
+    """The py-spy binary: ``explicit``, else ``$PY_SPY``, else ``py-spy`` on PATH."""
+    import shutil
+
+    for candidate in (explicit, os.environ.get("PY_SPY"), shutil.which("py-spy")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _thread_role(name: str) -> str:
+    # "nsq-reader-127.0.0.1:4150" -> "nsq-reader", "nsq-worker-3" -> "nsq-worker"
+    parts = name.split("-")
+    return "-".join(parts[:2]) if len(parts) > 2 else name
+
+
+def summarize_py_spy(raw_path: Path, limit: int = 30) -> str:
+    """Summarise py-spy's raw (collapsed-stack) output: samples per thread role, the hottest
+    lines (where the samples were taken) and the functions on the most stacks."""
+    from collections import Counter
+
+    roles: Counter[str] = Counter()
+    leaves: Counter[tuple[str, str]] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw_path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        role = "?"
+        if frames and frames[0].startswith("thread ("):
+            # "thread (tid): name", or "thread (tid)" before the thread had a name
+            role = _thread_role(frames[0].partition("): ")[2] or "MainThread")
+            frames = frames[1:]
+        total += count
+        roles[role] += count
+        if frames:
+            leaves[(role, frames[-1])] += count
+        for frame in set(
+            f.split(" (")[0] + " (" + f.rpartition(" (")[2].split(":")[0] + ")" for f in frames
+        ):
+            inclusive[frame] += count
+    if not total:
+        return "(no samples)"
+    out = [f"{total} samples of the thread holding the GIL", "", "samples by thread:"]
+    for role, count in roles.most_common():
+        out.append(f"  {100 * count / total:5.1f}%  {role}")
+    out += ["", f"hottest lines (self), top {limit}:"]
+    for (role, frame), count in leaves.most_common(limit):
+        out.append(f"  {100 * count / total:5.1f}%  [{role}] {frame}")
+    out += ["", f"functions on the most stacks (inclusive), top {limit}:"]
+    for frame, count in inclusive.most_common(limit):
+        out.append(f"  {100 * count / total:5.1f}%  {frame}")
+    return "\n".join(out) + "\n"
+
+
+@contextlib.contextmanager
+def maybe_profile(spec: dict[str, Any]) -> Iterator[None]:
+    """Profile the block when the child's spec asks for it (``profile``: a directory)."""
+    directory = spec.get("profile")
+    if not directory or spec.get("py_spy"):
+        yield
+        return
+    profiler = ThreadProfiler()
+    profiler.start()
+    try:
+        yield
+    finally:
+        profiler.stop()
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        stem = Path(directory) / f"{spec['client']}-{spec['case']}"
+        text = profiler.report(str(stem) + ".pstats")
+        stem.with_suffix(".txt").write_text(text)
+        print(f"  profile of {spec['client']} {spec['case']}: {stem}.txt", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def fmt_ratio(ours: float | None, theirs: float | None) -> str:
+    if not ours or not theirs:
+        return "-"
+    return f"{ours / theirs:.2f}x"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A plain-text table, columns right-aligned except the first."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [str(cells[0]).ljust(widths[0])]
+        parts += [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return " | ".join(parts)
+
+    print(line(headers))
+    print("-+-".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
+def describe_machine() -> str:
+    return f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {load_average()}"
+
+
+def load_average() -> str:
+    """The 1-minute load average: other work on the machine skews every figure."""
+    try:
+        return f"load average {os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "load average unknown"
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("profiling")
+    group.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile the children into DIR: with py-spy when found (sampling, every thread, "
+        "little overhead), else cProfile in every thread (slow: figures drop several-fold)",
+    )
+    group.add_argument(
+        "--profiler",
+        choices=("auto", "py-spy", "cprofile"),
+        default="auto",
+        help="auto: py-spy if found, else cProfile",
+    )
+    group.add_argument("--py-spy", metavar="PATH", help="py-spy binary (default $PY_SPY, PATH)")
+    group.add_argument(
+        "--profile-clients",
+        default="nsqclient",
+        help="which clients --profile applies to, comma-separated (default nsqclient)",
+    )
+
+
+def profile_spec(args: argparse.Namespace, client: str) -> dict[str, Any]:
+    """The ``profile`` / ``py_spy`` entries of a child's spec."""
+    if not args.profile or client not in {c.strip() for c in args.profile_clients.split(",")}:
+        return {"profile": None, "py_spy": None}
+    py_spy = None
+    if args.profiler in ("auto", "py-spy"):
+        py_spy = find_py_spy(args.py_spy)
+        if py_spy is None and args.profiler == "py-spy":
+            raise SystemExit("py-spy not found: pass --py-spy PATH or set PY_SPY")
+    return {"profile": args.profile, "py_spy": py_spy}
+
+
+def add_repeat_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure every case this many times, interleaving the clients, and report the "
+        "best run of each (default 1; use 3+ on a busy machine)",
+    )
