@@ -1,0 +1,92 @@
+"""``python -m nsqclient.testing``: run an embedded nsqd (and nsqlookupd) until SIGINT/SIGTERM.
+
+Example::
+
+    python -m nsqclient.testing --tcp-address 127.0.0.1:4150 --http-address 127.0.0.1:4151 \\
+        --lookupd-tcp-address 127.0.0.1:4160 --lookupd-http-address 127.0.0.1:4161
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from .cluster import EmbeddedNSQ
+
+log = logging.getLogger("nsqclient.testing")
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``1.5``, ``1500ms``, ``2s``, ``1m``, ``1h``."""
+    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the cluster until a signal, return the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m nsqclient.testing", description="Run an embedded nsqd (+ nsqlookupd)."
+    )
+    parser.add_argument("--tcp-address", default="127.0.0.1:4150")
+    parser.add_argument("--http-address", default="127.0.0.1:4151")
+    parser.add_argument("--lookupd-tcp-address", default=None)
+    parser.add_argument("--lookupd-http-address", default=None)
+    parser.add_argument("--msg-timeout", type=_duration, default=None)
+    parser.add_argument("--max-rdy-count", type=int, default=None)
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    if bool(args.lookupd_tcp_address) != bool(args.lookupd_http_address):
+        parser.error("--lookupd-tcp-address and --lookupd-http-address go together")
+    tcp_host = args.tcp_address.rpartition(":")[0] or "127.0.0.1"
+    options = {}
+    if args.msg_timeout is not None:
+        options["msg_timeout"] = args.msg_timeout
+    if args.max_rdy_count is not None:
+        options["max_rdy_count"] = args.max_rdy_count
+    if args.tls_cert:
+        options["tls_cert"] = args.tls_cert
+        options["tls_key"] = args.tls_key
+    use_lookupd = bool(args.lookupd_tcp_address)
+    cluster = EmbeddedNSQ(
+        nsqd_count=1,
+        lookupd=use_lookupd,
+        host=tcp_host,
+        nsqd_addresses=[(args.tcp_address, args.http_address)],
+        lookupd_addresses=(
+            (args.lookupd_tcp_address, args.lookupd_http_address) if use_lookupd else None
+        ),
+        broadcast_address=tcp_host,
+        **options,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        log.info("signal %d received; exiting", signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cluster.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        cluster.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

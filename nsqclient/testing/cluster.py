@@ -1,0 +1,348 @@
+"""EmbeddedNSQ: nsqd nodes and an nsqlookupd in pure Python, on one background event loop.
+
+The cluster owns one thread (``nsq-embedded-<n>``) running an asyncio loop that serves every
+node.  All public methods are called from other threads and wait (with a timeout) for the loop
+to do the work.  See ``/work/shared`` cluster_api for the interface shared with the runner of
+real binaries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .lookupd import Lookupd
+from .nsqd import NSQD, NSQDOptions
+
+__all__ = ["EmbeddedNSQ", "Node", "LookupdNode"]
+
+log = logging.getLogger("nsqclient.testing.cluster")
+
+_counter = itertools.count(1)
+
+#: Seconds any cluster operation may take before it is reported as hung.
+OP_TIMEOUT = 15.0
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Node:
+    """Where one nsqd listens."""
+
+    def __init__(self, host: str = "127.0.0.1", tcp_port: int = 0, http_port: int = 0):
+        self.host = host
+        self.tcp_port = tcp_port
+        self.http_port = http_port
+
+    @property
+    def tcp_address(self) -> str:
+        """``host:port`` of the TCP (protocol V2) listener."""
+        return f"{self.host}:{self.tcp_port}"
+
+    @property
+    def http_address(self) -> str:
+        """``host:port`` of the HTTP listener."""
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def http_url(self) -> str:
+        """``http://host:port`` of the HTTP listener."""
+        return f"http://{self.host}:{self.http_port}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(tcp={self.tcp_address}, http={self.http_address})"
+
+
+class LookupdNode(Node):
+    """Where the nsqlookupd listens (TCP for nsqd registration, HTTP for lookups)."""
+
+
+class EmbeddedNSQ:
+    """A cluster of embedded nsqd nodes (and optionally one nsqlookupd) for tests and demos.
+
+    Args:
+        nsqd_count: how many nsqd nodes :meth:`start` brings up.
+        lookupd: run an nsqlookupd; every node registers with it over TCP.
+        data_dir: accepted for interface compatibility; data lives in memory only.
+        host: the address every listener binds (loopback by default).
+        nsqd_addresses: optional ``[(tcp_address, http_address), ...]`` to bind instead of
+            free ports, one pair per initial node.
+        lookupd_addresses: optional ``(tcp_address, http_address)`` for the nsqlookupd.
+        lookupd_legacy_json: the nsqlookupd wraps its JSON like pre-1.0 releases.
+        **nsqd_options: nsqd flags with underscores, durations in seconds
+            (see :class:`~nsqclient.testing.nsqd.NSQDOptions`).
+    """
+
+    kind = "embedded"
+
+    def __init__(
+        self,
+        nsqd_count: int = 1,
+        lookupd: bool = True,
+        data_dir: str | None = None,
+        *,
+        host: str = "127.0.0.1",
+        nsqd_addresses: list[tuple[str, str]] | None = None,
+        lookupd_addresses: tuple[str, str] | None = None,
+        lookupd_legacy_json: bool = False,
+        **nsqd_options: Any,
+    ):
+        NSQDOptions.from_kwargs(**nsqd_options)  # validate early, in the caller's thread
+        self.nsqd_count = nsqd_count
+        self.use_lookupd = lookupd
+        self.data_dir = data_dir
+        self.host = host
+        self.nsqd_options = dict(nsqd_options)
+        self.lookupd_legacy_json = lookupd_legacy_json
+        self.nsqds: list[Node] = []
+        self.lookupd: LookupdNode | None = None
+        self._nsqd_addresses = list(nsqd_addresses or [])
+        self._lookupd_addresses = lookupd_addresses
+        self._servers: list[NSQD] = []
+        self._lookupd_server: Lookupd | None = None
+        self._registry: dict[str, Lookupd] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._name = f"nsq-embedded-{next(_counter)}"
+
+    # -- lifecycle
+
+    @property
+    def nsqd(self) -> Node:
+        """The first nsqd node."""
+        return self.nsqds[0]
+
+    def start(self) -> EmbeddedNSQ:
+        """Start the loop thread, the nsqlookupd and ``nsqd_count`` nodes; return self."""
+        if self._loop is not None:
+            return self
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name=self._name, daemon=True)
+        self._thread.start()
+        if not ready.wait(OP_TIMEOUT):
+            raise RuntimeError("the embedded NSQ event loop did not start")
+        try:
+            if self.use_lookupd:
+                self._call(self._start_lookupd_async())
+            for i in range(self.nsqd_count):
+                addresses = self._nsqd_addresses[i] if i < len(self._nsqd_addresses) else None
+                self._add_nsqd(addresses, {})
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Stop every node, the nsqlookupd and the loop thread (joined)."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            if loop.is_running():
+                self._call(self._close_async())
+        except Exception:  # pragma: no cover - best effort on shutdown
+            log.exception("error while closing %s", self._name)
+        finally:
+            if loop.is_running():
+                loop.call_soon_threadsafe(loop.stop)
+            if self._thread is not None:
+                self._thread.join(OP_TIMEOUT)
+            if not loop.is_running():
+                loop.close()
+            self._loop = None
+            self._thread = None
+
+    def __enter__(self) -> EmbeddedNSQ:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _close_async(self) -> None:
+        for server in self._servers:
+            await server.stop()
+        if self._lookupd_server is not None:
+            await self._lookupd_server.stop()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+
+    def _call(self, work: Any, timeout: float = OP_TIMEOUT) -> Any:
+        """Run a coroutine (or a plain callable) on the loop and wait for its result."""
+        if self._loop is None:
+            raise RuntimeError("the cluster is not started")
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("cluster methods cannot be called from the cluster's own loop")
+        if asyncio.iscoroutine(work):
+            return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout)
+
+        async def wrap(fn: Callable[[], Any]) -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrap(work), self._loop).result(timeout)
+
+    # -- nsqlookupd
+
+    async def _start_lookupd_async(self) -> None:
+        if self._lookupd_server is None:
+            tcp_port = http_port = 0
+            if self._lookupd_addresses:
+                _, tcp_port = _split(self._lookupd_addresses[0])
+                _, http_port = _split(self._lookupd_addresses[1])
+            self._lookupd_server = Lookupd(
+                self._loop,
+                host=self.host,
+                tcp_port=tcp_port,
+                http_port=http_port,
+                legacy_json=self.lookupd_legacy_json,
+                broadcast_address=self.host,
+                registry=self._registry,
+            )
+        await self._lookupd_server.start()
+        server = self._lookupd_server
+        if self.lookupd is None:
+            self.lookupd = LookupdNode(self.host, server.tcp_port, server.http_port)
+
+    def stop_lookupd(self) -> None:
+        """Stop the nsqlookupd (connections drop, registrations are forgotten)."""
+        if self._lookupd_server is not None:
+            self._call(self._lookupd_server.stop())
+
+    def start_lookupd(self) -> None:
+        """Start the nsqlookupd again on the same ports (nodes reconnect and re-register)."""
+        if self._lookupd_server is None:
+            raise RuntimeError("this cluster has no nsqlookupd")
+        self._call(self._start_lookupd_async())
+        for server in self._servers:
+            if server.running:
+                self._wait_registered(server)
+
+    # -- nsqd
+
+    def _add_nsqd(self, addresses: tuple[str, str] | None, overrides: dict[str, Any]) -> Node:
+        options = dict(self.nsqd_options)
+        options.update(overrides)
+        if self._lookupd_server is not None and "lookupd_tcp_addresses" not in options:
+            options["lookupd_tcp_addresses"] = [self._lookupd_server.tcp_address]
+        opts = NSQDOptions.from_kwargs(**options)
+        tcp_port = http_port = 0
+        if addresses:
+            _, tcp_port = _split(addresses[0])
+            _, http_port = _split(addresses[1])
+
+        async def create() -> NSQD:
+            server = NSQD(
+                self._loop,
+                opts,
+                host=self.host,
+                tcp_port=tcp_port,
+                http_port=http_port,
+                lookupd_registry=self._registry,
+            )
+            await server.start()
+            return server
+
+        server = self._call(create())
+        self._servers.append(server)
+        node = Node(self.host, server.tcp_port, server.http_port)
+        self.nsqds.append(node)
+        self._wait_registered(server)
+        return node
+
+    def _wait_registered(self, server: NSQD, timeout: float = 5.0) -> None:
+        """Wait until the node has identified itself to every running nsqlookupd."""
+        if not server.lookup_peers:
+            return
+        if self._lookupd_server is None or not self._lookupd_server.running:
+            return
+
+        async def watch() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while loop.time() < deadline:
+                if all(p.synced for p in server.lookup_peers):
+                    break
+                await asyncio.sleep(0.005)
+
+        self._call(watch(), timeout + 1.0)
+
+    def _wait_unregistered(self, server: NSQD, timeout: float = 5.0) -> None:
+        """Wait until the local nsqlookupd has noticed that ``server`` went away."""
+        lookupd = self._lookupd_server
+        if lookupd is None:
+            return
+
+        async def watch() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while loop.time() < deadline and lookupd.running:
+                if not any(
+                    p.peer.tcp_port == server.tcp_port
+                    for p in lookupd.db.find_producers("client", "", "")
+                ):
+                    break
+                await asyncio.sleep(0.005)
+
+        self._call(watch(), timeout + 1.0)
+
+    def add_nsqd(self, **nsqd_options: Any) -> Node:
+        """Start one more nsqd (cluster options plus ``nsqd_options``); return its Node."""
+        return self._add_nsqd(None, nsqd_options)
+
+    def stop_nsqd(self, i: int) -> None:
+        """Stop node ``i``: listeners closed, connections dropped, lookupd registration gone."""
+        server = self._servers[i]
+        self._call(server.stop())
+        self._wait_unregistered(server)
+
+    def start_nsqd(self, i: int) -> None:
+        """Start node ``i`` again on the same ports with the data it had."""
+        server = self._servers[i]
+        self._call(server.start())
+        self._wait_registered(server)
+
+    def server(self, i: int = 0) -> NSQD:
+        """The embedded node object (for white-box tests; touch it only via :meth:`run`)."""
+        return self._servers[i]
+
+    def run(self, fn: Callable[[], Any], timeout: float = OP_TIMEOUT) -> Any:
+        """Run ``fn()`` on the cluster's loop and return its result (for white-box tests)."""
+        return self._call(fn, timeout)
+
+    # -- fault controls (embedded only)
+
+    def drop_connections(self, i: int) -> None:
+        """Close every client TCP connection of node ``i`` (the node keeps running)."""
+        self._call(self._servers[i].drop_connections)
+
+    def stall_nsqd(self, i: int) -> None:
+        """Node ``i`` keeps accepting connections but stops answering anything (TCP and HTTP)."""
+        self._call(self._servers[i].stall)
+
+    def unstall_nsqd(self, i: int) -> None:
+        """Resume node ``i`` after :meth:`stall_nsqd`."""
+        self._call(self._servers[i].unstall)
+
+    def inject_frame(self, i: int, raw: bytes) -> None:
+        """Write ``raw`` to every client connection of node ``i`` (through TLS/compression)."""
+        self._call(lambda: self._servers[i].inject(bytes(raw)))
+
+    def __repr__(self) -> str:
+        return f"EmbeddedNSQ(nsqds={self.nsqds!r}, lookupd={self.lookupd!r})"
