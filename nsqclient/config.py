@@ -70,7 +70,11 @@ OPTIONS: dict[str, Option] = {
         ),
         Option("write_timeout", 1.0, float, "seconds a socket write may block", 0.001, _HOUR),
         Option(
-            "handshake_timeout", 5.0, float, "seconds for magic, IDENTIFY, upgrades, AUTH", 0.01,
+            "handshake_timeout",
+            5.0,
+            float,
+            "seconds for magic, IDENTIFY, upgrades, AUTH",
+            0.01,
             _HOUR,
         ),
         Option(
@@ -102,13 +106,24 @@ OPTIONS: dict[str, Option] = {
             _HOUR,
             special=(-1.0, 0.0),
         ),
-        Option("client_id", None, str, "client_id sent in IDENTIFY (default: short hostname)",
-               nullable=True),
+        Option(
+            "client_id",
+            None,
+            str,
+            "client_id sent in IDENTIFY (default: short hostname)",
+            nullable=True,
+        ),
         Option("hostname", None, str, "hostname sent in IDENTIFY (default: FQDN)", nullable=True),
-        Option("user_agent", None, str, "user_agent sent in IDENTIFY (default nsqclient/<v>)",
-               nullable=True),
-        Option("sample_rate", 0, int, "percentage of messages nsqd sends this client; 0 = all", 0,
-               99),
+        Option(
+            "user_agent",
+            None,
+            str,
+            "user_agent sent in IDENTIFY (default nsqclient/<v>)",
+            nullable=True,
+        ),
+        Option(
+            "sample_rate", 0, int, "percentage of messages nsqd sends this client; 0 = all", 0, 99
+        ),
         Option(
             "msg_timeout",
             None,
@@ -125,14 +140,22 @@ OPTIONS: dict[str, Option] = {
         Option("tls_key_file", None, str, "client private key (PEM)", nullable=True),
         Option("tls_verify", True, bool, "verify nsqd's certificate and host name"),
         Option(
-            "tls_server_name", None, str, "host name to verify (default: the host dialled)",
+            "tls_server_name",
+            None,
+            str,
+            "host name to verify (default: the host dialled)",
             nullable=True,
         ),
         Option("snappy", False, bool, "negotiate snappy compression"),
         Option("deflate", False, bool, "negotiate deflate compression"),
         Option("deflate_level", 6, int, "deflate level 1-9 (bounded by nsqd's max)", 1, 9),
-        Option("auth_secret", None, (str, bytes), "secret sent with AUTH when nsqd requires it",
-               nullable=True),
+        Option(
+            "auth_secret",
+            None,
+            (str, bytes),
+            "secret sent with AUTH when nsqd requires it",
+            nullable=True,
+        ),
         Option(
             "max_frame_size",
             16 * 1024 * 1024,
@@ -142,9 +165,7 @@ OPTIONS: dict[str, Option] = {
             None,
         ),
         Option("youzan", False, bool, "speak youzan's NSQ: raw 16-byte message ids"),
-        Option(
-            "extend_support", False, bool, "youzan: ask for message extension headers"
-        ),
+        Option("extend_support", False, bool, "youzan: ask for message extension headers"),
         # --- consumer
         Option("max_in_flight", 1, int, "messages in flight across all connections", 0, None),
         Option("concurrency", 1, int, "handler worker threads", 1, 4096),
@@ -166,8 +187,9 @@ OPTIONS: dict[str, Option] = {
             0,
             None,
         ),
-        Option("backoff_multiplier", 1.0, float, "seconds, base of the backoff duration", 0.0,
-               None),
+        Option(
+            "backoff_multiplier", 1.0, float, "seconds, base of the backoff duration", 0.0, None
+        ),
         Option(
             "backoff_strategy",
             "exponential",
@@ -175,13 +197,11 @@ OPTIONS: dict[str, Option] = {
             "how backoff grows with failures",
             choices=("exponential", "full_jitter"),
         ),
-        Option("lookupd_poll_interval", 60.0, float, "seconds between lookupd queries", 0.01,
-               None),
+        Option("lookupd_poll_interval", 60.0, float, "seconds between lookupd queries", 0.01, None),
+        Option("lookupd_poll_jitter", 0.3, float, "fraction of the interval added at random", 0, 1),
         Option(
-            "lookupd_poll_jitter", 0.3, float, "fraction of the interval added at random", 0, 1
+            "lookupd_request_timeout", 2.0, float, "seconds per lookupd HTTP request", 0.01, None
         ),
-        Option("lookupd_request_timeout", 2.0, float, "seconds per lookupd HTTP request", 0.01,
-               None),
         Option(
             "low_rdy_idle_timeout",
             10.0,
@@ -215,12 +235,22 @@ OPTIONS: dict[str, Option] = {
             None,
         ),
         Option(
-            "max_reconnect_interval", 60.0, float, "seconds, cap on the reconnect delay", 0.0,
+            "max_reconnect_interval",
+            60.0,
+            float,
+            "seconds, cap on the reconnect delay",
+            0.0,
             None,
         ),
         # --- producer
-        Option("pub_timeout", 10.0, float, "seconds pub()/mpub()/dpub() wait for nsqd's answer",
-               0.001, None),
+        Option(
+            "pub_timeout",
+            10.0,
+            float,
+            "seconds pub()/mpub()/dpub() wait for nsqd's answer",
+            0.001,
+            None,
+        ),
         Option(
             "pub_retries",
             0,
@@ -314,4 +344,3 @@ def identify_payload(config: Config, version: str) -> dict[str, Any]:
     if config.extend_support:
         payload["extend_support"] = True
     return payload
-
