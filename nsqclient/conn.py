@@ -41,7 +41,7 @@ from .errors import (
 from .protocol import DecodedMessage, FrameReader
 from .transport import Transport, make_tls_context
 
-__all__ = ["Connection", "ConnectionDelegate", "ConnectionState", "parse_address"]
+__all__ = ["Connection", "ConnectionDelegate", "ConnectionState", "Waiter", "parse_address"]
 
 logger = logging.getLogger("nsqclient.conn")
 
@@ -60,6 +60,48 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"invalid nsqd address {address!r}: expected 'host:port'")
     return host, int(port)
+
+
+class Waiter:
+    """A one-shot result for a blocking caller: lighter than a concurrent.futures.Future (one
+    pre-acquired lock, released by the reader thread).  Has the part of the Future interface a
+    Connection uses: ``set_result``, ``set_exception``, ``done``."""
+
+    __slots__ = ("_lock", "_result", "_exception", "_done")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        self._result = result
+        self._done = True
+        self._lock.release()
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._exception = exception
+        self._done = True
+        self._lock.release()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait up to ``timeout`` seconds; raise TimeoutError if still not done."""
+        if not self._done and not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError
+        return self._exception
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds for the result; raise its exception, or
+        TimeoutError."""
+        exc = self.exception(timeout)
+        if exc is not None:
+            raise exc
+        return self._result
 
 
 class ConnectionState(enum.Enum):
@@ -307,15 +349,18 @@ class Connection:
             raise ConnectionClosedError(f"connection to {self.address} is closed")
         self._queue.put(command)
 
-    def request(self, command: bytes) -> Future:
-        """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future.
+    def request(self, command: bytes, future: Future | Waiter | None = None) -> Future | Waiter:
+        """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future
+        (``future`` if given: a fresh Future or :class:`Waiter`).
 
         The Future's result is the response bytes (``b"OK"``, the 30-byte traced reply...), or
         it fails with the ServerError nsqd sent, or ConnectionClosedError when the connection
         closes first.  Never left waiting forever once the connection is gone.
         """
-        future: Future = Future()
-        future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
+        if future is None:
+            future = Future()
+        if isinstance(future, Future):
+            future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
         with self._lock:
             if self.state is not ConnectionState.CONNECTED or self._fatal_error is not None:
                 future.set_exception(

@@ -25,14 +25,14 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from . import protocol
 from .backoff import reconnect_delay
 from .config import Config
-from .conn import Connection, parse_address
+from .conn import Connection, Waiter, parse_address
 from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
 
 __all__ = ["Producer"]
@@ -180,7 +180,7 @@ class Producer:
         retries_left = self.config.pub_retries
         while True:
             try:
-                future = self._submit(command, deadline)
+                future = self._submit(command, deadline, Waiter)
             except ConnectionClosedError as exc:
                 if time.monotonic() >= deadline:
                     raise NSQTimeoutError(f"no nsqd connection within {timeout}s: {exc}") from exc
@@ -202,32 +202,41 @@ class Producer:
                     retries_left -= 1
                 logger.info("publish failed (%s); sending it again", exc)
 
-    def _submit(self, command: bytes, deadline: float | None = None) -> Future:
+    def _submit(
+        self,
+        command: bytes,
+        deadline: float | None = None,
+        make_future: Callable[[], Future | Waiter] = Future,
+    ) -> Future | Waiter:
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
-        n = len(self._slots)
-        start = next(self._rr)
-        now = time.monotonic()
-        # Healthy addresses first, then those waiting out a reconnect delay.
-        order = [self._slots[(start + i) % n] for i in range(n)]
-        order.sort(key=lambda s: s.down_until > now)
-        for slot in order:
+        slots = self._slots
+        n = len(slots)
+        if n > 1:
+            start = next(self._rr) % n
+            slots = slots[start:] + slots[:start]
+            now = time.monotonic()
+            if any(s.down_until > now for s in slots):
+                # Healthy addresses first, then those waiting out a reconnect delay.
+                slots.sort(key=lambda s: s.down_until > now)
+        for slot in slots:
             conn = self._connection(slot, deadline)
             if conn is None:
                 errors.append(f"{slot.address}: {slot.last_error}")
                 continue
-            future = conn.request(command)
+            future = conn.request(command, make_future())
             if future.done() and not conn.is_connected:
                 # It closed just now, before the command was queued: nothing was sent.
                 # One fresh connection to the same nsqd, then the next address.
                 conn = self._connection(slot, deadline)
                 if conn is not None:
-                    future = conn.request(command)
+                    future = conn.request(command, make_future())
                 if conn is None or (future.done() and not conn.is_connected):
                     errors.append(f"{slot.address}: {slot.last_error or future.exception()}")
                     continue
-            future.nsqd_address = slot.address  # type: ignore[attr-defined]
+            if isinstance(future, Future):
+                future.nsqd_address = slot.address  # type: ignore[attr-defined]
             return future
         raise ConnectionClosedError(
             "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False

@@ -7,6 +7,7 @@ them that way (``req(id, delay_ms)``) and leave the conversion from seconds to t
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import struct
@@ -88,8 +89,13 @@ _NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(?:#ephemeral)?")
 _NAME_RULE = "1 to 64 characters of [.a-zA-Z0-9_-], optionally ending in '#ephemeral'"
 
 
+@functools.lru_cache(maxsize=4096)
+def _valid_str_name(name: str) -> bool:
+    return 1 <= len(name) <= 64 and _NAME_RE.fullmatch(name) is not None
+
+
 def _valid_name(name: object) -> bool:
-    return isinstance(name, str) and 1 <= len(name) <= 64 and _NAME_RE.fullmatch(name) is not None
+    return isinstance(name, str) and _valid_str_name(name)
 
 
 def valid_topic_name(name: object) -> bool:

@@ -430,11 +430,11 @@ def test_connection_closing_just_before_the_send_is_replaced(nsqd, producers, mo
     original = Connection.request
     closed: list[Connection] = []
 
-    def request(self: Connection, command: bytes) -> Future:
+    def request(self: Connection, command: bytes, future=None) -> Future:
         if not closed:
             closed.append(self)
             self.close(timeout=1.0)  # the race, made deterministic
-        return original(self, command)
+        return original(self, command, future)
 
     monkeypatch.setattr(Connection, "request", request)
     p.pub("p_race", b"second")
