@@ -113,6 +113,7 @@ class Consumer:
         self.on_connect = on_connect
         self.on_disconnect = on_disconnect
         self._max_in_flight = self.config.max_in_flight
+        self._max_tries = self.config.max_tries
 
         self._lock = threading.RLock()
         self._conns: dict[str, _ConnInfo] = {}
@@ -131,7 +132,8 @@ class Consumer:
         self._started = False
         self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
-        self._busy = 0
+        #: per worker: is it running a handler (each slot written only by its worker)
+        self._busy: list[bool] = []
         self._backoff = BackoffState(
             self.config.backoff_multiplier,
             self.config.max_backoff_duration,
@@ -160,8 +162,11 @@ class Consumer:
         for address in self.nsqd_tcp_addresses:
             self._reconnect_at[address] = now
         tag = f"{self.topic}/{self.channel}"
+        self._busy = [False] * self.config.concurrency
         for i in range(self.config.concurrency):
-            t = threading.Thread(target=self._work_loop, name=f"nsq-worker-{tag}-{i}", daemon=True)
+            t = threading.Thread(
+                target=self._work_loop, args=(i,), name=f"nsq-worker-{tag}-{i}", daemon=True
+            )
             self._workers.append(t)
         self._threads = [
             threading.Thread(target=self._discovery_loop, name=f"nsq-discovery-{tag}", daemon=True),
@@ -216,9 +221,7 @@ class Consumer:
                 pass
         # Let the workers drain what was received.
         while time.monotonic() < deadline:
-            with self._lock:
-                busy = self._busy
-            if busy == 0 and self._work.empty():
+            if not any(self._busy) and self._work.empty():
                 break
             self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
         self._requeue_unstarted()
@@ -423,7 +426,11 @@ class Consumer:
             conn.in_flight += 1
             if info is not None and info.conn is conn:
                 info.remaining -= 1
-                mode = self._backoff.mode(time.monotonic())
+                mode = (
+                    BackoffMode.NORMAL
+                    if self._backoff.level == 0
+                    else self._backoff.mode(time.monotonic())
+                )
                 if mode is BackoffMode.TESTING:
                     # One message per test window: take the RDY back until its result is in.
                     self._send_rdy(info, 0)
@@ -520,24 +527,23 @@ class Consumer:
 
     # ================================================================ handlers
 
-    def _work_loop(self) -> None:
+    def _work_loop(self, index: int) -> None:
+        busy = self._busy
         while True:
             item = self._work.get()
             if item is _STOP:
                 return
-            conn, message = item
-            with self._lock:
-                self._busy += 1
+            busy[index] = True
             try:
-                self._handle(conn, message)
+                self._handle(*item)
             finally:
-                with self._lock:
-                    self._busy -= 1
-                self._idle.set()
+                busy[index] = False
+                if self._stopping.is_set():
+                    self._idle.set()
 
     def _handle(self, conn: Connection, message: Message) -> None:
-        cfg = self.config
-        if cfg.max_tries and message.attempts > cfg.max_tries:
+        max_tries = self._max_tries
+        if max_tries and message.attempts > max_tries:
             with self._lock:
                 self._stats["given_up"] += 1
             try:
@@ -572,8 +578,10 @@ class Consumer:
                     message.requeue(backoff=True)
                 else:
                     message.finish()
-        elapsed = time.monotonic() - started
-        if elapsed > conn.msg_timeout:
+        now = time.monotonic()
+        elapsed = now - started
+        # nsqd's timer runs from delivery, and restarts at each TOUCH.
+        if now - max(message.received_at, message.touched_at or 0.0) > conn.msg_timeout:
             with self._lock:
                 self._stats["timed_out_locally"] += 1
             logger.warning(

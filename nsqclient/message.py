@@ -13,6 +13,10 @@ __all__ = ["Message", "MessageResponder", "RequeueMessage"]
 
 logger = logging.getLogger("nsqclient.message")
 
+# Guards every message's answered flag: held for two attribute operations, so one lock for all
+# messages costs less than one lock per message.
+_claim_lock = threading.Lock()
+
 
 class MessageResponder(Protocol):
     """Who sends a message's FIN/REQ/TOUCH: the consumer that received it."""
@@ -68,11 +72,11 @@ class Message:
         "ext_version",
         "ext",
         "received_at",
+        "touched_at",
         "_responder",
         "_conn",
         "_responded",
         "_async",
-        "_lock",
     )
 
     def __init__(
@@ -102,11 +106,12 @@ class Message:
         self.nsqd_address = nsqd_address
         self.partition = partition
         self.received_at = time.monotonic()
+        #: monotonic time of the last touch() (None: never touched)
+        self.touched_at: float | None = None
         self._responder = responder
         self._conn = None  # the Connection it arrived on (set by the consumer)
         self._responded = False
         self._async = False
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -128,7 +133,7 @@ class Message:
         return self._responded
 
     def _claim(self, what: str) -> bool:
-        with self._lock:
+        with _claim_lock:
             if self._responded:
                 logger.warning("message %r already answered; ignoring %s", self.id, what)
                 return False
@@ -164,5 +169,6 @@ class Message:
         if self._responded:
             logger.warning("message %r already answered; ignoring touch", self.id)
             return
+        self.touched_at = time.monotonic()
         if self._responder is not None:
             self._responder.touch_message(self)
