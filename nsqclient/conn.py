@@ -157,6 +157,8 @@ class Connection:
         self._pending_head = 0
         self._lock = threading.Lock()
         self._closed_event = threading.Event()
+        self._abort = threading.Event()
+        self._sock: socket.socket | None = None
         self._reader: threading.Thread | None = None
         self._writer: threading.Thread | None = None
 
@@ -211,6 +213,9 @@ class Connection:
                 raise NSQTimeoutError(
                     f"connecting to {self.address} took longer than {cfg.dial_timeout}s"
                 ) from exc
+            self._sock = sock
+            if self._abort.is_set():
+                raise ConnectionClosedError(f"connecting to {self.address} was aborted")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._transport = Transport(sock)
             self._transport.settimeout(cfg.handshake_timeout)
@@ -218,6 +223,8 @@ class Connection:
             self._transport.settimeout(self._read_deadline())
             # TLS may need to send records while reading; only the writer may write.
             self._transport.set_output_callback(lambda: self._queue.put(b""))
+            if self._abort.is_set():
+                raise ConnectionClosedError(f"connecting to {self.address} was aborted")
         except BaseException as exc:
             self.state = ConnectionState.CLOSED
             self.close_reason = exc
@@ -239,6 +246,18 @@ class Connection:
         self._writer.start()
         self._reader.start()
         logger.debug("connected to %s: %s", self.address, self.identify_response)
+
+    def abort_connect(self) -> None:
+        """From another thread: make a :meth:`connect` in progress fail at once (its socket is
+        shut down) instead of waiting out a handshake that a hung nsqd never answers.  The
+        dial itself is bounded by ``dial_timeout``."""
+        self._abort.set()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _read_deadline(self) -> float:
         """Seconds of silence after which nsqd is taken for dead."""

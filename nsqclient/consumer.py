@@ -117,7 +117,7 @@ class Consumer:
 
         self._lock = threading.RLock()
         self._conns: dict[str, _ConnInfo] = {}
-        self._connecting: set[str] = set()
+        self._connecting: dict[str, Connection] = {}
         self._reconnect_at: dict[str, float] = {}
         self._reconnect_failures: dict[str, int] = {}
         self._lookupd_found: set[str] = set()
@@ -128,6 +128,7 @@ class Consumer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_requested = threading.Event()
+        self._stop_lock = threading.Lock()
         self._idle = threading.Event()
         self._started = False
         self._threads: list[threading.Thread] = []
@@ -155,8 +156,8 @@ class Consumer:
 
     def start(self) -> None:
         """Start the threads and connect; returns at once.  Call :meth:`stop` to finish."""
-        if self._started:
-            raise RuntimeError("Consumer already started")
+        if self._started or self._stopping.is_set():
+            raise RuntimeError("Consumer already started (or stopped)")
         self._started = True
         now = time.monotonic()
         for address in self.nsqd_tcp_addresses:
@@ -196,16 +197,32 @@ class Consumer:
         """Stop: CLS every connection (nsqd sends nothing more), stop discovery and reconnects,
         let handlers finish the messages already received (up to ``timeout`` seconds; what is
         still waiting then is requeued at once, and a handler still running is left to nsqd's
-        msg_timeout), close every connection and join every thread."""
-        if self._stopped.is_set():
-            return
+        msg_timeout), close every connection and join every thread.
+
+        Safe from any thread, a handler or a connection hook included (that thread is not
+        waited for), and from several threads at once (one stops, the others wait for it)."""
         self._stop_requested.set()
         self._stopping.set()
         deadline = time.monotonic() + timeout
+        if not self._stop_lock.acquire(timeout=max(timeout, 0.0)):
+            return  # another thread is stopping and has not finished in our time
+        try:
+            if not self._stopped.is_set():
+                self._stop(deadline)
+        finally:
+            self._stop_lock.release()
+
+    def _stop(self, deadline: float) -> None:
+        current = threading.current_thread()
         self._discovery_wake.set()
         self._rdy_wake.set()
+        with self._lock:
+            dialing = list(self._connecting.values())
+        for conn in dialing:
+            conn.abort_connect()  # a hung nsqd may never answer the handshake
         for t in self._threads:
-            t.join(max(deadline - time.monotonic(), 0.1))
+            if t is not current:
+                t.join(max(deadline - time.monotonic(), 0.1))
         with self._lock:
             infos = list(self._conns.values())
         closing = []
@@ -219,15 +236,19 @@ class Consumer:
                 fut.exception(timeout=max(deadline - time.monotonic(), 0.01))
             except TimeoutError:
                 pass
-        # Let the workers drain what was received.
+        # Let the workers drain what was received (a handler calling stop() is one of them).
+        own = self._workers.index(current) if current in self._workers else -1
         while time.monotonic() < deadline:
-            if not any(self._busy) and self._work.empty():
+            busy = any(b for i, b in enumerate(self._busy) if i != own)
+            if not busy and self._work.empty():
                 break
             self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
         self._requeue_unstarted()
         for _ in self._workers:
             self._work.put(_STOP)
         for t in self._workers:
+            if t is current:
+                continue
             t.join(max(deadline - time.monotonic(), 0.1))
             if t.is_alive():
                 logger.warning("%s still runs a handler after stop(); leaving it", t.name)
@@ -354,8 +375,8 @@ class Consumer:
         with self._lock:
             if address in self._conns or address in self._connecting:
                 return
-            self._connecting.add(address)
-        conn = Connection(address, self.config, delegate=self)
+            conn = Connection(address, self.config, delegate=self)
+            self._connecting[address] = conn
         try:
             conn.connect()
             conn.request(protocol.sub(self.topic, self.channel)).result(
@@ -365,11 +386,11 @@ class Consumer:
             logger.warning("cannot subscribe to %s: %s", address, exc)
             conn.close(0.5)
             with self._lock:
-                self._connecting.discard(address)
+                self._connecting.pop(address, None)
             self._schedule_reconnect(address, direct, exc)
             return
         with self._lock:
-            self._connecting.discard(address)
+            self._connecting.pop(address, None)
             if self._stopping.is_set() or conn.is_closed:
                 stale = True
             else:
