@@ -157,6 +157,21 @@ def describe_cpu(result: dict[str, Any], n: int) -> str:
     return text
 
 
+def argument_parser(doc: str, messages: int, messages_help: str) -> argparse.ArgumentParser:
+    """A parser described by ``doc``'s first paragraph, with the broker arguments and
+    ``-n/--messages`` (default ``messages``)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_broker_arguments(parser)
+    parser.add_argument(
+        "-n",
+        "--messages",
+        type=int,
+        default=messages,
+        help=messages_help,
+    )
+    return parser
+
+
 def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("broker")
     group.add_argument(

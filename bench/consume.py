@@ -280,14 +280,8 @@ def measure(
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_broker_arguments(parser)
-    parser.add_argument(
-        "-n",
-        "--messages",
-        type=int,
-        default=1_000_000,
-        help="messages each consumer receives (default 1000000)",
+    parser = common.argument_parser(
+        __doc__, 1_000_000, "messages each consumer receives (default 1000000)"
     )
     parser.add_argument("--size", type=int, default=common.MESSAGE_SIZE, help="body bytes")
     parser.add_argument("--max-in-flight", type=int, default=2500, help="(default 2500)")

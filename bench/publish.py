@@ -221,14 +221,8 @@ def measure(args: argparse.Namespace, broker: common.Broker, case: str, client: 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_broker_arguments(parser)
-    parser.add_argument(
-        "-n",
-        "--messages",
-        type=int,
-        default=50_000,
-        help="messages per client in the pub cases (default 50000)",
+    parser = common.argument_parser(
+        __doc__, 50_000, "messages per client in the pub cases (default 50000)"
     )
     parser.add_argument(
         "--mpub-messages",

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 import nsqclient
 from nsqclient import protocol
@@ -38,6 +37,7 @@ from nsqclient.errors import (
     ServerError,
     UnauthorizedError,
 )
+from nsqclient.testing.helpers import free_port, message_count, nsqd_stats
 from nsqclient.testing.waiting import wait_for
 
 CERTS = Path(__file__).parent / "certs"
@@ -90,14 +90,6 @@ def connect() -> Iterator[Any]:
         conn.close(timeout=2.0)
 
 
-def nsqd_stats(node: Any, **params: str) -> dict[str, Any]:
-    reply = requests.get(
-        f"{node.http_url}/stats", params={"format": "json", **params}, timeout=TIMEOUT
-    )
-    reply.raise_for_status()
-    return reply.json()
-
-
 def producer_clients(node: Any) -> list[dict[str, Any]]:
     """The publishing clients nsqd lists under ``producers`` (a client shows up there once it
     has published)."""
@@ -108,24 +100,6 @@ def client_named(node: Any, client_id: str) -> dict[str, Any]:
     found = [c for c in producer_clients(node) if c["client_id"] == client_id]
     assert len(found) == 1, f"expected one producer client {client_id!r} in /stats, got {found}"
     return found[0]
-
-
-def topic_stats(node: Any, topic: str) -> dict[str, Any] | None:
-    topics = nsqd_stats(node, topic=topic).get("topics") or []
-    found = [t for t in topics if t["topic_name"] == topic]
-    return found[0] if found else None
-
-
-def message_count(node: Any, topic: str) -> int:
-    stats = topic_stats(node, topic)
-    return 0 if stats is None else stats["message_count"]
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on (free a moment ago)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -171,8 +145,9 @@ def receive(conn: Connection, collector: Collector, count: int) -> list[bytes]:
 
 def test_identify_fields_as_the_server_sees_them(nsqd, connect):
     node = nsqd.nsqd
-    conn = connect(node.tcp_address, client_id="conn-identify", hostname="box.example.test",
-                   sample_rate=42)
+    conn = connect(
+        node.tcp_address, client_id="conn-identify", hostname="box.example.test", sample_rate=42
+    )
     assert conn.is_connected
     assert conn.request(protocol.pub("conn_identify", b"x")).result(TIMEOUT) == b"OK"
     client = client_named(node, "conn-identify")
@@ -257,8 +232,8 @@ def test_round_trip_through_each_transport(name, nsq_cluster_factory, connect):
         "unicode ✓".encode(),
     ]
     pub = connect(node.tcp_address, client_id=f"pub-{name}", **options)
-    expected_compression = "snappy" if options.get("snappy") else (
-        "deflate" if options.get("deflate") else None
+    expected_compression = (
+        "snappy" if options.get("snappy") else ("deflate" if options.get("deflate") else None)
     )
     assert pub.stats()["compression"] == expected_compression
     if options.get("tls_v1"):

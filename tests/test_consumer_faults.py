@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from nsqclient.conn import Connection
-from nsqclient.consumer import Consumer
 from nsqclient.errors import HTTPError, NSQError, NSQTimeoutError
 from nsqclient.http import LookupdClient, NsqdHTTPClient
 from nsqclient.message import Message
+from nsqclient.testing.helpers import channel_stats, nsq_threads, publish, wait_drained
 from nsqclient.testing.waiting import wait_for
 
 #: Seconds: the bound of every wait; reached only when something is broken.
@@ -32,55 +32,6 @@ TIMEOUT = 10.0
 
 # ------------------------------------------------------------------------------------------------
 # Helpers
-
-
-@pytest.fixture
-def consumers() -> Iterator[Callable[..., Consumer]]:
-    """``make(topic, channel, handler, **kwargs) -> Consumer`` (started); all stopped at
-    teardown."""
-    made: list[Consumer] = []
-
-    def make(topic: str, channel: str, handler: Any, **kwargs: Any) -> Consumer:
-        consumer = Consumer(topic, channel, handler, **kwargs)
-        made.append(consumer)
-        consumer.start()
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
-
-
-def publish(node: Any, topic: str, bodies: list[bytes]) -> None:
-    with NsqdHTTPClient(node.http_url, timeout=TIMEOUT) as http:
-        for i in range(0, len(bodies), 500):
-            assert http.mpub(topic, bodies[i : i + 500]) == "OK"
-
-
-def channel_stats(node: Any, topic: str, channel: str) -> dict[str, Any] | None:
-    with NsqdHTTPClient(node.http_url, timeout=TIMEOUT) as http:
-        data = http.stats(topic, channel)
-    for t in data.get("topics") or []:
-        if t["topic_name"] != topic:
-            continue
-        for c in t.get("channels") or []:
-            if c["channel_name"] == channel:
-                return c
-    return None
-
-
-def wait_drained(node: Any, topic: str, channel: str, depth: int = 0) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        s = channel_stats(node, topic, channel)
-        if s and s["depth"] == depth and s["in_flight_count"] == 0 and s["deferred_count"] == 0:
-            return s
-        return None
-
-    return wait_for(
-        check,
-        TIMEOUT,
-        message=lambda: f"channel not drained to {depth}: {channel_stats(node, topic, channel)}",
-    )
 
 
 class Seen:
@@ -618,14 +569,6 @@ def test_stop_with_slow_handlers_finishes_handled_and_requeues_unstarted(
 
 # ------------------------------------------------------------------------------------------------
 # A stalled nsqd (accepts, never answers)
-
-
-def nsq_threads() -> set[threading.Thread]:
-    return {
-        t
-        for t in threading.enumerate()
-        if t.name.startswith("nsq-") and not t.name.startswith("nsq-embedded")
-    }
 
 
 @pytest.mark.embedded_only

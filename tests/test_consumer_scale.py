@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from nsqclient.conn import Connection
-from nsqclient.consumer import Consumer
 from nsqclient.errors import NSQError
 from nsqclient.http import NsqdHTTPClient
 from nsqclient.message import Message
+from nsqclient.testing.helpers import drained, publish
 from nsqclient.testing.waiting import wait_for
 
 #: Seconds: the bound of short waits; reached only when something is broken.
@@ -37,43 +37,8 @@ TIMEOUT = 10.0
 # Helpers
 
 
-@pytest.fixture
-def consumers() -> Iterator[Callable[..., Consumer]]:
-    made: list[Consumer] = []
-
-    def make(topic: str, channel: str, handler: Any, **kwargs: Any) -> Consumer:
-        consumer = Consumer(topic, channel, handler, **kwargs)
-        made.append(consumer)
-        consumer.start()
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
-
-
-def publish(node: Any, topic: str, bodies: list[bytes], batch: int = 500) -> None:
-    with NsqdHTTPClient(node.http_url, timeout=TIMEOUT) as http:
-        for i in range(0, len(bodies), batch):
-            assert http.mpub(topic, bodies[i : i + batch]) == "OK"
-
-
-def channel_stats(node: Any, topic: str, channel: str) -> dict[str, Any] | None:
-    with NsqdHTTPClient(node.http_url, timeout=TIMEOUT) as http:
-        data = http.stats(topic, channel)
-    for t in data.get("topics") or []:
-        for c in t.get("channels") or []:
-            if t["topic_name"] == topic and c["channel_name"] == channel:
-                return c
-    return None
-
-
 def all_drained(nodes: list[Any], topic: str, channel: str) -> bool:
-    for node in nodes:
-        s = channel_stats(node, topic, channel)
-        if s is None or s["depth"] or s["in_flight_count"] or s["deferred_count"]:
-            return False
-    return True
+    return all(drained(node, topic, channel) is not None for node in nodes)
 
 
 class Seen:

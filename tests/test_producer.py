@@ -17,10 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
-import requests
 
-from nsqclient import protocol
-from nsqclient.config import Config
 from nsqclient.conn import Connection
 from nsqclient.errors import (
     BadMessageError,
@@ -29,6 +26,7 @@ from nsqclient.errors import (
     NSQTimeoutError,
 )
 from nsqclient.producer import Producer
+from nsqclient.testing.helpers import consume, free_port, message_count, nsqd_stats, topic_stats
 from nsqclient.testing.waiting import wait_for
 
 #: Seconds: the bound of every wait; reached only when something is broken.
@@ -54,67 +52,10 @@ def producers() -> Iterator[Any]:
         producer.close(timeout=2.0)
 
 
-def nsqd_stats(node: Any, **params: str) -> dict[str, Any]:
-    reply = requests.get(
-        f"{node.http_url}/stats", params={"format": "json", **params}, timeout=TIMEOUT
-    )
-    reply.raise_for_status()
-    return reply.json()
-
-
-def topic_stats(node: Any, topic: str) -> dict[str, Any] | None:
-    topics = nsqd_stats(node, topic=topic).get("topics") or []
-    found = [t for t in topics if t["topic_name"] == topic]
-    return found[0] if found else None
-
-
-def message_count(node: Any, topic: str) -> int:
-    """Messages nsqd accepted on ``topic`` since it started (0 for an unknown topic)."""
-    stats = topic_stats(node, topic)
-    return 0 if stats is None else stats["message_count"]
-
-
 def depth(node: Any, topic: str) -> int:
     """Messages stored in ``topic`` (no channel): survives an nsqd restart."""
     stats = topic_stats(node, topic)
     return 0 if stats is None else stats["depth"]
-
-
-def consume(node: Any, topic: str, count: int) -> list[bytes]:
-    """Subscribe to ``topic`` on channel "check", receive and FIN ``count`` messages."""
-    got: list[protocol.DecodedMessage] = []
-
-    class Delegate:
-        def on_message(self, conn: Connection, message: protocol.DecodedMessage) -> None:
-            got.append(message)
-
-        def on_server_error(self, conn: Connection, error: Exception) -> None:
-            pass
-
-        def on_close(self, conn: Connection, reason: BaseException | None) -> None:
-            pass
-
-    conn = Connection(node.tcp_address, Config(), delegate=Delegate())
-    conn.connect()
-    try:
-        assert conn.request(protocol.sub(topic, "check")).result(TIMEOUT) == b"OK"
-        conn.send(protocol.rdy(min(max(count, 1), 2500)))
-        wait_for(
-            lambda: len(got) >= count,
-            TIMEOUT,
-            message=lambda: f"consumed {len(got)} of {count} messages from {topic}",
-        )
-        for message in got:
-            conn.send(protocol.fin(message.id))
-    finally:
-        conn.close(timeout=TIMEOUT)
-    return [m.body for m in got]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -17,12 +17,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 import requests
 
-from nsqclient import protocol
-from nsqclient.config import Config
-from nsqclient.conn import Connection
 from nsqclient.errors import NSQError
 from nsqclient.producer import Producer
-from nsqclient.testing.waiting import wait_for
+from nsqclient.testing.helpers import consume, nsqd_stats
 
 TIMEOUT = 10.0
 TOPIC = "wsgi_events"
@@ -80,42 +77,6 @@ def wsgi_url(nsqd: Any) -> Iterator[str]:
     assert not thread.is_alive()
 
 
-def nsqd_stats(node: Any, **params: str) -> dict[str, Any]:
-    reply = requests.get(
-        f"{node.http_url}/stats", params={"format": "json", **params}, timeout=TIMEOUT
-    )
-    reply.raise_for_status()
-    return reply.json()
-
-
-def consume(node: Any, topic: str, count: int) -> list[bytes]:
-    """Subscribe on channel "check", receive and FIN ``count`` messages, return the bodies."""
-    got: list[protocol.DecodedMessage] = []
-
-    class Delegate:
-        def on_message(self, conn: Connection, message: protocol.DecodedMessage) -> None:
-            got.append(message)
-
-        def on_server_error(self, conn: Connection, error: Exception) -> None:
-            pass
-
-        def on_close(self, conn: Connection, reason: BaseException | None) -> None:
-            pass
-
-    conn = Connection(node.tcp_address, Config(), delegate=Delegate())
-    conn.connect()
-    try:
-        assert conn.request(protocol.sub(topic, "check")).result(TIMEOUT) == b"OK"
-        conn.send(protocol.rdy(count))
-        wait_for(lambda: len(got) >= count, TIMEOUT,
-                 message=lambda: f"consumed {len(got)} of {count}")
-        for message in got:
-            conn.send(protocol.fin(message.id))
-    finally:
-        conn.close(timeout=TIMEOUT)
-    return [m.body for m in got]
-
-
 def test_concurrent_requests_publish_through_one_producer(nsqd, wsgi_url):
     node = nsqd.nsqd
     bodies = [f"event {i} ✓".encode() for i in range(REQUESTS)]
@@ -147,9 +108,11 @@ def test_a_second_wave_reuses_the_connection(nsqd, wsgi_url):
         with ThreadPoolExecutor(max_workers=REQUESTS, thread_name_prefix="test-client") as pool:
             replies = list(
                 pool.map(
-                    lambda i, wave=wave: requests.post(
-                        f"{wsgi_url}/publish", data=b"w%d-%d" % (wave, i), timeout=TIMEOUT
-                    ).status_code,
+                    lambda i, wave=wave: (
+                        requests.post(
+                            f"{wsgi_url}/publish", data=b"w%d-%d" % (wave, i), timeout=TIMEOUT
+                        ).status_code
+                    ),
                     range(REQUESTS),
                     timeout=TIMEOUT * 2,
                 )

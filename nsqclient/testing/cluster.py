@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .lookupd import Lookupd
+from .nodes import LookupdNode, Node
 from .nsqd import NSQD, NSQDOptions
 
 __all__ = ["EmbeddedNSQ", "Node", "LookupdNode"]
@@ -31,37 +32,6 @@ OP_TIMEOUT = 15.0
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)
-
-
-class Node:
-    """Where one nsqd listens."""
-
-    def __init__(self, host: str = "127.0.0.1", tcp_port: int = 0, http_port: int = 0):
-        self.host = host
-        self.tcp_port = tcp_port
-        self.http_port = http_port
-
-    @property
-    def tcp_address(self) -> str:
-        """``host:port`` of the TCP (protocol V2) listener."""
-        return f"{self.host}:{self.tcp_port}"
-
-    @property
-    def http_address(self) -> str:
-        """``host:port`` of the HTTP listener."""
-        return f"{self.host}:{self.http_port}"
-
-    @property
-    def http_url(self) -> str:
-        """``http://host:port`` of the HTTP listener."""
-        return f"http://{self.host}:{self.http_port}"
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(tcp={self.tcp_address}, http={self.http_address})"
-
-
-class LookupdNode(Node):
-    """Where the nsqlookupd listens (TCP for nsqd registration, HTTP for lookups)."""
 
 
 class EmbeddedNSQ:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import valid_channel_name, valid_topic_name
 from .httpserver import HTTPServerProtocol, QueryError, Request, Response, Router, parse_query
+from .nodes import Listeners
 from .nsqd import VERSION, go_json
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -358,7 +359,7 @@ class LookupConn(asyncio.Protocol):
 # The server
 
 
-class Lookupd:
+class Lookupd(Listeners):
     """One embedded nsqlookupd."""
 
     def __init__(
@@ -402,14 +403,6 @@ class Lookupd:
         r.add("POST", "/channel/delete", self._v1(self.channel_delete))
         r.add("POST", "/topic/tombstone", self._v1(self.topic_tombstone))
         self.router = r
-
-    @property
-    def tcp_address(self) -> str:
-        return f"{self.host}:{self.tcp_port}"
-
-    @property
-    def http_address(self) -> str:
-        return f"{self.host}:{self.http_port}"
 
     async def start(self) -> None:
         """Listen (again on the same ports after a restart) with an empty database."""
@@ -767,52 +760,3 @@ class LookupPeer:
             writer.close()
             if not self._stopping:
                 await asyncio.sleep(opts.lookupd_reconnect_interval)
-                continue
-            try:
-                writer.write(b"  V1")
-                ident = {
-                    "broadcast_address": opts.broadcast_address,
-                    "hostname": self.nsqd.hostname,
-                    "http_port": self.nsqd.http_port,
-                    "tcp_port": self.nsqd.tcp_port,
-                    "version": VERSION,
-                }
-                body = go_json(ident)
-                resp = await self._command(
-                    reader, writer, b"IDENTIFY\n" + _U32.pack(len(body)) + body
-                )
-                if resp == b"E_INVALID":
-                    raise ConnectionError("lookupd returned E_INVALID")
-                self.info = json.loads(resp)
-                # start queueing live notifications, then register what exists now
-                while not self.queue.empty():
-                    self.queue.get_nowait()
-                self._writer = writer
-                for cmd in self.nsqd.registrations():
-                    await self._command(reader, writer, cmd)
-                self.synced = True
-                loop = self.nsqd.loop
-                ping_at = loop.time() + opts.lookupd_ping_interval
-                while True:
-                    if reader.at_eof():
-                        raise ConnectionError("nsqlookupd closed the connection")
-                    now = loop.time()
-                    if now >= ping_at:
-                        cmd = b"PING\n"
-                        ping_at = now + opts.lookupd_ping_interval
-                    else:
-                        try:
-                            cmd = await asyncio.wait_for(self.queue.get(), min(ping_at - now, 0.25))
-                        except TimeoutError:
-                            continue
-                    await self._command(reader, writer, cmd)
-            except asyncio.CancelledError:
-                writer.close()
-                raise
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                log.info("LOOKUPD(%s): connection lost - %s", self.address, exc)
-            self._writer = None
-            self.info = None
-            self.synced = False
-            writer.close()
-            await asyncio.sleep(opts.lookupd_reconnect_interval)

@@ -41,6 +41,7 @@ from ..protocol import (
     valid_channel_name,
     valid_topic_name,
 )
+from .nodes import Listeners
 
 __all__ = ["NSQDOptions", "NSQD", "Topic", "Channel", "Message", "ClientConn", "VERSION"]
 
@@ -571,13 +572,17 @@ class Channel:
         if self.in_flight:
             nsqd.wake_scanner()
 
-    def empty(self) -> None:
+    def _drop_messages(self) -> None:
+        """Forget every queued, in-flight and deferred message."""
         self.queue.clear()
         self.in_flight.clear()
         self.buckets.clear()
         self.irregular.clear()
         self.deferred.clear()
         self.deferred_pq.clear()
+
+    def empty(self) -> None:
+        self._drop_messages()
         for client in list(self.clients.values()):
             client.in_flight_count = 0
             self.client_maybe_ready(client)
@@ -599,12 +604,7 @@ class Channel:
             client.close()
         self.clients.clear()
         self.ready.clear()
-        self.queue.clear()
-        self.in_flight.clear()
-        self.buckets.clear()
-        self.irregular.clear()
-        self.deferred.clear()
-        self.deferred_pq.clear()
+        self._drop_messages()
 
     def flush_for_shutdown(self) -> None:
         """nsqd's Channel.flush(): in-flight then deferred messages go back to the queue."""
@@ -1164,6 +1164,51 @@ class ClientConn(asyncio.Protocol):
             return None
         return _I32.unpack_from(self.buf, start)[0]
 
+    def _read_body(self, cmd: str, end: int) -> int | None:
+        """End offset of the size-prefixed IDENTIFY/AUTH body at ``end``, or None while it is
+        incomplete; a size over ``max_body_size`` or not positive is E_BAD_BODY."""
+        size = self._read_size(end)
+        if size is None:
+            return None
+        max_body = self.opts.max_body_size
+        if size > max_body:
+            raise FatalClientError("E_BAD_BODY", f"{cmd} body too big {size} > {max_body}")
+        if size <= 0:
+            raise FatalClientError("E_BAD_BODY", f"{cmd} invalid body size {size}")
+        after = end + 4 + size
+        if len(self.buf) < after:
+            return None
+        return after
+
+    def _read_message_body(self, cmd: str, end: int) -> int | None:
+        """End offset of the size-prefixed PUB/DPUB message body at ``end``, or None while it is
+        incomplete; a size not positive or over ``max_msg_size`` is E_BAD_MESSAGE."""
+        size = self._read_size(end)
+        if size is None:
+            return None
+        if size <= 0:
+            raise FatalClientError("E_BAD_MESSAGE", f"{cmd} invalid message body size {size}")
+        max_msg = self.opts.max_msg_size
+        if size > max_msg:
+            raise FatalClientError("E_BAD_MESSAGE", f"{cmd} message too big {size} > {max_msg}")
+        after = end + 4 + size
+        if len(self.buf) < after:
+            return None
+        return after
+
+    @staticmethod
+    def _publish_topic(cmd: str, params: list, min_params: int, quirk: str = "") -> str:
+        """The topic name a PUB/MPUB/DPUB names; ``quirk`` prefixes the E_BAD_TOPIC text (nsqd
+        repeats the code in MPUB's)."""
+        if len(params) < min_params:
+            raise FatalClientError("E_INVALID", f"{cmd} insufficient number of parameters")
+        topic_name = params[1].decode("utf-8", "surrogateescape")
+        if not valid_topic_name(topic_name):
+            raise FatalClientError(
+                "E_BAD_TOPIC", f"{quirk}{cmd} topic name {go_quote(params[1])} is not valid"
+            )
+        return topic_name
+
     # -- commands
 
     def _cmd_nop(self, params, end):
@@ -1172,18 +1217,10 @@ class ClientConn(asyncio.Protocol):
     def _cmd_identify(self, params, end):
         if self.state != STATE_INIT:
             raise FatalClientError("E_INVALID", "cannot IDENTIFY in current state")
-        size = self._read_size(end)
-        if size is None:
+        after = self._read_body("IDENTIFY", end)
+        if after is None:
             return _NEED_MORE
-        max_body = self.opts.max_body_size
-        if size > max_body:
-            raise FatalClientError("E_BAD_BODY", f"IDENTIFY body too big {size} > {max_body}")
-        if size <= 0:
-            raise FatalClientError("E_BAD_BODY", f"IDENTIFY invalid body size {size}")
-        if len(self.buf) < end + 4 + size:
-            return _NEED_MORE
-        body = bytes(self.buf[end + 4 : end + 4 + size])
-        after = end + 4 + size
+        body = bytes(self.buf[end + 4 : after])
         try:
             data = _decode_identify(body)
         except ValueError as exc:
@@ -1354,17 +1391,9 @@ class ClientConn(asyncio.Protocol):
             raise FatalClientError("E_INVALID", "cannot AUTH in current state")
         if len(params) != 1:
             raise FatalClientError("E_INVALID", "AUTH invalid number of parameters")
-        size = self._read_size(end)
-        if size is None:
+        after = self._read_body("AUTH", end)
+        if after is None:
             return _NEED_MORE
-        max_body = self.opts.max_body_size
-        if size > max_body:
-            raise FatalClientError("E_BAD_BODY", f"AUTH body too big {size} > {max_body}")
-        if size <= 0:
-            raise FatalClientError("E_BAD_BODY", f"AUTH invalid body size {size}")
-        if len(self.buf) < end + 4 + size:
-            return _NEED_MORE
-        after = end + 4 + size
         if self.auth_state is not None and self.auth_state.authorizations:
             raise FatalClientError("E_INVALID", "AUTH already set")
         if not self.nsqd.auth_enabled:
@@ -1594,23 +1623,9 @@ class ClientConn(asyncio.Protocol):
     # publishing
 
     def _cmd_pub(self, params, end):
-        if len(params) < 2:
-            raise FatalClientError("E_INVALID", "PUB insufficient number of parameters")
-        topic_name = params[1].decode("utf-8", "surrogateescape")
-        if not valid_topic_name(topic_name):
-            raise FatalClientError(
-                "E_BAD_TOPIC", f"PUB topic name {go_quote(params[1])} is not valid"
-            )
-        size = self._read_size(end)
-        if size is None:
-            return _NEED_MORE
-        if size <= 0:
-            raise FatalClientError("E_BAD_MESSAGE", f"PUB invalid message body size {size}")
-        max_msg = self.opts.max_msg_size
-        if size > max_msg:
-            raise FatalClientError("E_BAD_MESSAGE", f"PUB message too big {size} > {max_msg}")
-        after = end + 4 + size
-        if len(self.buf) < after:
+        topic_name = self._publish_topic("PUB", params, 2)
+        after = self._read_message_body("PUB", end)
+        if after is None:
             return _NEED_MORE
         if not self._check_auth("PUB", topic_name, ""):
             return _BLOCKED
@@ -1622,13 +1637,7 @@ class ClientConn(asyncio.Protocol):
         return after
 
     def _cmd_mpub(self, params, end):
-        if len(params) < 2:
-            raise FatalClientError("E_INVALID", "MPUB insufficient number of parameters")
-        topic_name = params[1].decode("utf-8", "surrogateescape")
-        if not valid_topic_name(topic_name):
-            raise FatalClientError(
-                "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(params[1])} is not valid"
-            )
+        topic_name = self._publish_topic("MPUB", params, 2, quirk="E_BAD_TOPIC ")
         if not self._check_auth("MPUB", topic_name, ""):
             return _BLOCKED
         nsqd = self.nsqd
@@ -1687,13 +1696,7 @@ class ClientConn(asyncio.Protocol):
         return pos
 
     def _cmd_dpub(self, params, end):
-        if len(params) < 3:
-            raise FatalClientError("E_INVALID", "DPUB insufficient number of parameters")
-        topic_name = params[1].decode("utf-8", "surrogateescape")
-        if not valid_topic_name(topic_name):
-            raise FatalClientError(
-                "E_BAD_TOPIC", f"DPUB topic name {go_quote(params[1])} is not valid"
-            )
+        topic_name = self._publish_topic("DPUB", params, 3)
         n = _base10(params[2])
         if n is None:
             raise FatalClientError("E_INVALID", b"DPUB could not parse timeout " + params[2])
@@ -1703,16 +1706,8 @@ class ClientConn(asyncio.Protocol):
             raise FatalClientError(
                 "E_INVALID", f"DPUB timeout {n} out of range 0-{max_ns // 1_000_000}"
             )
-        size = self._read_size(end)
-        if size is None:
-            return _NEED_MORE
-        if size <= 0:
-            raise FatalClientError("E_BAD_MESSAGE", f"DPUB invalid message body size {size}")
-        max_msg = self.opts.max_msg_size
-        if size > max_msg:
-            raise FatalClientError("E_BAD_MESSAGE", f"DPUB message too big {size} > {max_msg}")
-        after = end + 4 + size
-        if len(self.buf) < after:
+        after = self._read_message_body("DPUB", end)
+        if after is None:
             return _NEED_MORE
         if not self._check_auth("DPUB", topic_name, ""):
             return _BLOCKED
@@ -1798,7 +1793,7 @@ class ClientConn(asyncio.Protocol):
 # The node
 
 
-class NSQD:
+class NSQD(Listeners):
     """One embedded nsqd node: state plus (while started) its TCP and HTTP listeners."""
 
     def __init__(
@@ -1872,14 +1867,6 @@ class NSQD:
     def next_client_id(self) -> int:
         self._client_seq += 1
         return self._client_seq
-
-    @property
-    def tcp_address(self) -> str:
-        return f"{self.host}:{self.tcp_port}"
-
-    @property
-    def http_address(self) -> str:
-        return f"{self.host}:{self.http_port}"
 
     async def start(self) -> None:
         """Listen (on the remembered ports after a restart) and connect to nsqlookupd."""

@@ -172,22 +172,25 @@ class NSQDHTTP:
         except QueryError as exc:
             raise HTTPErr(400, "INVALID_REQUEST") from exc
 
-    def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], Topic]:
-        params = self._params(request)
+    @staticmethod
+    def _valid_topic_name(params: dict[str, list[str]], invalid: str) -> str:
+        """The ``topic`` parameter; a bad name is a 400 with ``invalid`` (nsqd's endpoints
+        disagree: INVALID_TOPIC or INVALID_ARG_TOPIC)."""
         if "topic" not in params:
             raise HTTPErr(400, "MISSING_ARG_TOPIC")
         name = params["topic"][0]
         if not valid_topic_name(name):
-            raise HTTPErr(400, "INVALID_TOPIC")
+            raise HTTPErr(400, invalid)
+        return name
+
+    def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], Topic]:
+        params = self._params(request)
+        name = self._valid_topic_name(params, "INVALID_TOPIC")
         return params, self.nsqd.get_topic(name)
 
     def _existing_topic_channel(self, request: Request) -> tuple[Topic, str]:
         params = self._params(request)
-        if "topic" not in params:
-            raise HTTPErr(400, "MISSING_ARG_TOPIC")
-        topic_name = params["topic"][0]
-        if not valid_topic_name(topic_name):
-            raise HTTPErr(400, "INVALID_ARG_TOPIC")
+        topic_name = self._valid_topic_name(params, "INVALID_ARG_TOPIC")
         if "channel" not in params:
             raise HTTPErr(400, "MISSING_ARG_CHANNEL")
         channel_name = params["channel"][0]
@@ -280,12 +283,7 @@ class NSQDHTTP:
         return None
 
     def topic_empty(self, request: Request) -> Any:
-        params = self._params(request)
-        if "topic" not in params:
-            raise HTTPErr(400, "MISSING_ARG_TOPIC")
-        name = params["topic"][0]
-        if not valid_topic_name(name):
-            raise HTTPErr(400, "INVALID_TOPIC")
+        name = self._valid_topic_name(self._params(request), "INVALID_TOPIC")
         topic = self.nsqd.topics.get(name)
         if topic is None:
             raise HTTPErr(404, "TOPIC_NOT_FOUND")

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .nodes import LookupdNode, Node
+
 __all__ = ["Node", "LookupdNode", "RealNSQ", "RealNSQError", "go_duration", "nsqd_flags"]
 
 log = logging.getLogger("nsqclient.testing.real")
@@ -79,49 +81,6 @@ _TLS_REQUIRED = {0: "false", 1: "tcp-https", 2: "true"}
 
 class RealNSQError(RuntimeError):
     """A real nsqd or nsqlookupd failed to start, stop or register."""
-
-
-@dataclass
-class Node:
-    """One nsqd: where to reach it."""
-
-    host: str
-    tcp_port: int
-    http_port: int
-    https_port: int | None = None
-
-    @property
-    def tcp_address(self) -> str:
-        return f"{self.host}:{self.tcp_port}"
-
-    @property
-    def http_address(self) -> str:
-        return f"{self.host}:{self.http_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
-
-
-@dataclass
-class LookupdNode:
-    """One nsqlookupd: where to reach it."""
-
-    host: str
-    tcp_port: int
-    http_port: int
-
-    @property
-    def tcp_address(self) -> str:
-        return f"{self.host}:{self.tcp_port}"
-
-    @property
-    def http_address(self) -> str:
-        return f"{self.host}:{self.http_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
 
 
 def go_duration(seconds: float) -> str:

@@ -1,0 +1,28 @@
+"""Fixtures shared by the test modules in this folder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nsqclient.consumer import Consumer
+
+
+@pytest.fixture
+def consumers() -> Iterator[Callable[..., Consumer]]:
+    """``make(topic, channel, handler, start=True, **kwargs) -> Consumer``; every consumer made
+    is stopped at teardown."""
+    made: list[Consumer] = []
+
+    def make(topic: str, channel: str, handler: Any, start: bool = True, **kwargs: Any) -> Consumer:
+        consumer = Consumer(topic, channel, handler, **kwargs)
+        made.append(consumer)
+        if start:
+            consumer.start()
+        return consumer
+
+    yield make
+    for consumer in made:
+        consumer.stop(timeout=5.0)
