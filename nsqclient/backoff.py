@@ -107,19 +107,16 @@ class BackoffState:
         """Record one message result; return the new state if it changed, else None."""
         if not self.enabled or now < self.until:
             return None
-        changed = False
         if success:
-            if self.level > 0:
-                self.level -= 1
-                changed = True
-        else:
+            if self.level == 0:
+                return None  # already at full speed
+            self.level -= 1
+        elif self.level == 0 or (
+            backoff_duration(self.level + 1, self.multiplier, float("inf")) <= self.max_duration
+        ):
             # Grow the level while its duration stays within the cap; at the cap, pause again
             # at the same level.
-            if self.level == 0 or self.multiplier * 2 ** (self.level + 1) <= self.max_duration:
-                self.level += 1
-            changed = True
-        if not changed:
-            return None
+            self.level += 1
         if self.level == 0:
             self.until = 0.0
             return BackoffDecision(BackoffMode.NORMAL, 0)

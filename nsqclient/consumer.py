@@ -334,7 +334,7 @@ class Consumer:
                     break
                 self._connect(address, direct=address in self.nsqd_tcp_addresses)
             with self._lock:
-                pending = [t for t in self._reconnect_at.values()]
+                pending = list(self._reconnect_at.values())
             wake_at = min([next_poll, *pending], default=next_poll)
             wait = min(max(wake_at - time.monotonic(), 0.0), 1.0)
             if self._discovery_wake.wait(wait):
