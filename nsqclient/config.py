@@ -68,7 +68,15 @@ OPTIONS: dict[str, Option] = {
             0.1,
             _HOUR,
         ),
-        Option("write_timeout", 1.0, float, "seconds a socket write may block", 0.001, _HOUR),
+        Option(
+            "write_timeout",
+            1.0,
+            float,
+            "seconds a write to nsqd may make no progress (nsqd not reading) before the"
+            " connection is closed and what was in flight on it fails",
+            0.001,
+            _HOUR,
+        ),
         Option(
             "handshake_timeout",
             5.0,

@@ -1,8 +1,12 @@
 """Connection: one TCP connection to one nsqd.
 
 The handshake (magic, IDENTIFY, TLS/snappy/deflate upgrades, AUTH) runs in the thread that calls
-:meth:`Connection.connect`.  After it, exactly one reader thread reads the socket and one writer
-thread writes it (DESIGN.md, rule 1).  Any thread may enqueue a command:
+:meth:`Connection.connect`.  After it, exactly one reader thread reads the socket, and a writer
+thread sends what other threads queue, everything queued in one write (DESIGN.md, rule 1).  One
+exception to rule 1, for latency: a request made while the connection has nothing else in flight
+or queued is written by the calling thread itself, under the same send lock the writer holds, so
+an idle ``pub()`` costs one thread hand-off instead of two.  Writes stay whole and in order, and
+only one thread at a time is ever inside the transport's write path.  Any thread may send:
 
 * :meth:`Connection.send` for commands nsqd does not answer on success (RDY, FIN, REQ, TOUCH, NOP);
 * :meth:`Connection.request` for commands it answers (PUB, MPUB, DPUB, SUB, CLS...): the returned
@@ -149,6 +153,7 @@ class Connection:
         self.last_rdy_at = 0.0
         self.close_reason: BaseException | None = None
         self._fatal_error: ServerError | None = None
+        self._write_error: BaseException | None = None
         self.messages_received = 0
         self.pid = os.getpid()
         self._transport: Transport | None = None
@@ -156,6 +161,9 @@ class Connection:
         self._pending: list[Future] = []  # used as a FIFO; popped from the front
         self._pending_head = 0
         self._lock = threading.Lock()
+        # Held by whoever writes the socket: the writer thread or a caller writing directly.
+        self._send_lock = threading.Lock()
+        self._queued = 0  # commands in self._queue not yet written (guarded by self._lock)
         self._closed_event = threading.Event()
         self._abort = threading.Event()
         self._sock: socket.socket | None = None
@@ -220,9 +228,9 @@ class Connection:
             self._transport = Transport(sock)
             self._transport.settimeout(cfg.handshake_timeout)
             self._handshake()
-            self._transport.settimeout(self._read_deadline())
-            # TLS may need to send records while reading; only the writer may write.
-            self._transport.set_output_callback(lambda: self._queue.put(b""))
+            self._transport.set_timeouts(self._read_deadline(), cfg.write_timeout)
+            # TLS may need to send records while reading; the reader never writes.
+            self._transport.set_output_callback(lambda: self._enqueue(b""))
             if self._abort.is_set():
                 raise ConnectionClosedError(f"connecting to {self.address} was aborted")
         except BaseException as exc:
@@ -366,7 +374,12 @@ class Connection:
         """
         if self.state is ConnectionState.CLOSED:
             raise ConnectionClosedError(f"connection to {self.address} is closed")
-        self._queue.put(command)
+        self._enqueue(command)
+
+    def _enqueue(self, command: bytes) -> None:
+        with self._lock:
+            self._queued += 1
+            self._queue.put(command)
 
     def request(self, command: bytes, future: Future | Waiter | None = None) -> Future | Waiter:
         """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future
@@ -390,7 +403,23 @@ class Connection:
                 )
                 return future
             self._pending.append(future)
-            self._queue.put(command)
+            # Alone on an idle connection: write it here rather than wake the writer.  With
+            # other requests in flight, queue it, so that the writer batches it with theirs.
+            direct = (
+                self._queued == 0
+                and len(self._pending) - self._pending_head == 1
+                and self._send_lock.acquire(blocking=False)
+            )
+            if not direct:
+                self._queued += 1
+                self._queue.put(command)
+        if direct:
+            try:
+                self._transport.sendall(command)  # type: ignore[union-attr]
+            except (OSError, NSQError, ValueError) as exc:
+                self._write_failed(exc)  # the reader then fails the pending request
+            finally:
+                self._send_lock.release()
         return future
 
     def pending_count(self) -> int:
@@ -436,12 +465,24 @@ class Connection:
                         stop = True
                         break
                     chunks.append(item)
-                transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                with self._send_lock:
+                    transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                with self._lock:
+                    self._queued -= len(chunks)
         except (OSError, NSQError, ValueError) as exc:
-            if self.state is not ConnectionState.CLOSED and self._fatal_error is None:
-                logger.warning("write to %s failed: %s", self.address, exc)
-                self.close_reason = self.close_reason or exc
-            transport.shutdown()
+            self._write_failed(exc)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """A write failed or timed out (``write_timeout``): part of a command may be on the
+        wire, so the connection is unusable.  Shutting the socket down makes the reader close it
+        and fail every pending request."""
+        if self.state is not ConnectionState.CLOSED and self._fatal_error is None:
+            logger.warning("write to %s failed: %s", self.address, exc)
+        # Not the close reason yet: nsqd may have explained itself (a fatal error frame, read
+        # after this, when it closed the socket under the write).
+        self._write_error = self._write_error or exc
+        if self._transport is not None:
+            self._transport.shutdown()
 
     def _read_loop(self) -> None:
         transport = self._transport
@@ -452,9 +493,7 @@ class Connection:
             while True:
                 data = transport.recv(262144)
                 if not data:
-                    if self._fatal_error is not None:
-                        reason = self._fatal_error
-                    elif self.state is not ConnectionState.CLOSING:
+                    if self.state is not ConnectionState.CLOSING:
                         reason = ConnectionClosedError(f"{self.address} closed the connection")
                     break
                 for frame in frames.feed(data):
@@ -465,15 +504,14 @@ class Connection:
                 "(heartbeats missed); closing"
             )
         except (OSError, NSQError, ValueError) as exc:
-            if self._fatal_error is not None:
-                reason = self._fatal_error
-            elif self.state is not ConnectionState.CLOSING:
+            if self.state is not ConnectionState.CLOSING:
                 reason = exc
         except Exception as exc:  # a delegate bug must not leave futures hanging
             logger.exception("unexpected error on the reader of %s", self.address)
             reason = exc
         finally:
-            self._finish_close(reason)
+            # What nsqd said beats a failed write, which beats what the reader saw last.
+            self._finish_close(self._fatal_error or self._write_error or reason)
 
     def _dispatch(self, frame: protocol.Frame) -> None:
         ftype, data = frame
@@ -488,7 +526,7 @@ class Connection:
             return
         if ftype == protocol.FRAME_TYPE_RESPONSE:
             if data == protocol.HEARTBEAT:
-                self._queue.put(protocol.nop())
+                self._enqueue(protocol.nop())
                 return
             future = self._pop_pending()
             if future is None:

@@ -2,8 +2,9 @@
 
 A :class:`Transport` wraps one connected socket.  The connection's handshake (magic, IDENTIFY,
 upgrades, AUTH) runs on a single thread; after it, exactly one reader thread calls :meth:`recv`
-and exactly one writer thread calls :meth:`sendall` and :meth:`flush`.  That is the only
-concurrency the class supports: one reader plus one writer, never two of either.
+and one writer at a time calls :meth:`sendall` and :meth:`flush` (the connection serialises its
+writers with a lock).  That is the only concurrency the class supports: one reader plus one
+writer, never two of either at once.
 
 Layers, bottom up, as nsqd applies them after IDENTIFY::
 
@@ -13,7 +14,7 @@ TLS is driven through :class:`ssl.SSLObject` over a pair of :class:`ssl.MemoryBI
 :class:`ssl.SSLSocket`, so that the reader and the writer can work at the same time: every call
 into the SSL object takes a lock, the socket itself is read and written outside that lock.  A
 read can make OpenSSL produce bytes for the peer (a TLS 1.3 KeyUpdate reply, a post-handshake
-client certificate).  Only the writer thread may write the socket, so the reader leaves those
+client certificate).  The reader never writes the socket, so it leaves those
 bytes pending and calls the callback given to :meth:`Transport.set_output_callback`; the writer
 then calls :meth:`Transport.flush`.  Without a callback they stay pending until the next
 :meth:`Transport.sendall` or :meth:`Transport.flush`, which always send pending TLS output first.
@@ -42,10 +43,13 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import struct
+import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable
+from typing import NoReturn
 
 import snappy
 
@@ -75,6 +79,7 @@ class Transport:
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
+        self._write_timeout: float | None = sock.gettimeout()
         self._closed = False
         self._shut_down = False
         self.bytes_in = 0
@@ -125,12 +130,37 @@ class Transport:
     # Socket control
 
     def settimeout(self, seconds: float | None) -> None:
-        """Set the socket timeout in seconds (``None``: block forever).
+        """Set one timeout in seconds for reads and writes alike (``None``: block forever).
 
         It bounds every single socket read, and also every socket write: a blocked
-        :meth:`sendall` raises ``TimeoutError`` after that long without progress.
+        :meth:`sendall` raises ``TimeoutError`` after that long without progress.  The
+        handshake runs under this; :meth:`set_timeouts` replaces it afterwards.
         """
+        self._write_timeout = seconds
         self._sock.settimeout(seconds)
+
+    def set_timeouts(self, read: float, write: float) -> None:
+        """Bound reads and writes separately (seconds, both positive).
+
+        A :meth:`recv` that gets no byte for ``read`` seconds raises ``TimeoutError``; a
+        :meth:`sendall` that makes no progress for ``write`` seconds raises ``TimeoutError``.
+        The socket goes back to blocking mode with the kernel's per-direction timeouts
+        (``SO_RCVTIMEO``/``SO_SNDTIMEO``), which also spares a ``poll()`` per call.  Where the
+        platform refuses those options, one timeout of ``read`` seconds serves both.
+        """
+        if read <= 0 or write <= 0:
+            raise ValueError(f"timeouts must be positive, not read={read!r} write={write!r}")
+        sock = self._sock
+        try:
+            sock.settimeout(None)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(read))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(write))
+        except (OSError, AttributeError):  # pragma: no cover - POSIX and Windows have both
+            logger.debug("per-direction socket timeouts unavailable; using %s s for both", read)
+            sock.settimeout(read)
+            self._write_timeout = read
+            return
+        self._write_timeout = write
 
     def set_output_callback(self, wake_writer: Callable[[], None] | None) -> None:
         """Register the function :meth:`recv` calls when a TLS read left bytes to send.
@@ -235,10 +265,10 @@ class Transport:
             return self._tls_recv(max_bytes)
         try:
             data = self._sock.recv(max_bytes)
-        except OSError:
+        except OSError as exc:
             if self._shut_down:
                 return b""
-            raise
+            _raise_read_error(exc)
         self.bytes_in += len(data)
         return data
 
@@ -285,9 +315,9 @@ class Transport:
                 return bytes(plain[:pos])
             try:
                 n = self._sock.recv_into(raw)
-            except OSError:
+            except OSError as exc:
                 if not self._shut_down:
-                    raise
+                    _raise_read_error(exc)
                 n = 0
             self.bytes_in += n
             with lock:
@@ -302,7 +332,7 @@ class Transport:
     def sendall(self, data: bytes) -> None:
         """Send all of ``data`` through every layer (compressing, encrypting).
 
-        Writer thread only (or the handshake thread before the writer starts).  Pending TLS
+        One writer at a time (or the handshake thread before the writer starts).  Pending TLS
         output produced by reads goes out first.  Raises ``OSError`` (``TimeoutError`` after the
         socket timeout without progress).
         """
@@ -311,11 +341,10 @@ class Transport:
         if self._sslobj is not None:
             self._tls_sendall(data)
         elif data:
-            self._sock.sendall(data)
-            self.bytes_out += len(data)
+            self._send_raw(data)
 
     def flush(self) -> None:
-        """Send TLS bytes that reads produced (see :meth:`set_output_callback`).  Writer thread."""
+        """Send TLS bytes that reads produced (see :meth:`set_output_callback`).  A writer."""
         if self._sslobj is not None:
             self._tls_sendall(b"")
 
@@ -333,10 +362,18 @@ class Transport:
                     off += sslobj.write(view[off:end])
                 out = outgoing.read()
             if out:
-                self._sock.sendall(out)
-                self.bytes_out += len(out)
+                self._send_raw(out)
             if off >= total:
                 return
+
+    def _send_raw(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except BlockingIOError as exc:  # SO_SNDTIMEO expired
+            raise TimeoutError(
+                f"socket write made no progress for {self._write_timeout:g} s"
+            ) from exc
+        self.bytes_out += len(data)
 
     # ----------------------------------------------------------------------------------------
     # Upgrades (handshake phase, one thread)
@@ -525,6 +562,26 @@ class Transport:
             if out:
                 self._rbuf = out
         logger.debug("%s compression on with %s", name, self._peer_name())
+
+
+def _timeval(seconds: float) -> bytes:
+    """``seconds`` as the option value of SO_RCVTIMEO/SO_SNDTIMEO on this platform (never 0,
+    which would mean no timeout at all)."""
+    if sys.platform == "win32":  # pragma: no cover - a DWORD of milliseconds
+        return struct.pack("@L", max(1, int(seconds * 1000)))
+    whole = int(seconds)
+    micros = int((seconds - whole) * 1_000_000)
+    if not whole and not micros:
+        micros = 1
+    return struct.pack("@ll", whole, micros)
+
+
+def _raise_read_error(exc: OSError) -> NoReturn:
+    """Re-raise a socket read error; an expired SO_RCVTIMEO (EAGAIN on a blocking socket) as
+    the TimeoutError it is."""
+    if isinstance(exc, BlockingIOError):
+        raise TimeoutError("socket read timed out") from None
+    raise exc
 
 
 def make_tls_context(

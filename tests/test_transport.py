@@ -850,6 +850,44 @@ def test_tls_clean_close_and_ragged_close(pair):
         assert t.recv() == b""  # TCP closed without close_notify: still EOF
 
 
+def test_split_timeouts_read_times_out_and_loses_nothing(pair):
+    a, b = pair
+    t = Transport(a)
+    t.set_timeouts(read=0.05, write=TIMEOUT)
+    with pytest.raises(TimeoutError, match="read"):
+        t.recv()
+    b.sendall(b"after the timeout")
+    assert recv_exactly(t, 17) == b"after the timeout"
+    t.sendall(b"writes still work")
+    assert b.recv(100) == b"writes still work"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_split_timeouts_write_to_a_peer_that_never_reads(pair, tls):
+    """A peer that stops reading fills the socket buffers; the write gives up after the write
+    timeout, although the read timeout is far longer."""
+    a, b = pair
+    t = Transport(a)
+    if tls:
+        server = MemoryTLSServer(b)
+        worker = Worker("test-tls-server", server.handshake)
+        worker.start()
+        t.settimeout(TIMEOUT)
+        t.upgrade_tls(client_context(), "localhost", TIMEOUT)
+        worker.finish()
+    t.set_timeouts(read=TIMEOUT * 10, write=0.05)
+    with pytest.raises(TimeoutError, match="no progress for 0.05 s"):
+        t.sendall(b"x" * (64 * 1024 * 1024))
+
+
+def test_split_timeouts_must_be_positive(pair):
+    t = Transport(pair[0])
+    with pytest.raises(ValueError, match="positive"):
+        t.set_timeouts(read=0, write=1.0)
+    with pytest.raises(ValueError, match="positive"):
+        t.set_timeouts(read=1.0, write=-1)
+
+
 def test_tls_timeout_inside_a_record_loses_nothing(pair):
     a, b = pair
     server = MemoryTLSServer(b)

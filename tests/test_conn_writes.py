@@ -1,0 +1,313 @@
+"""How commands reach the socket: written by the caller on an idle connection, by the writer
+thread otherwise; answers matched in order either way; writes bounded by ``write_timeout``.
+
+Most tests talk to a scripted peer (a socket that does nsqd's handshake and then answers each
+PUB with its own body), so that every caller can check it got *its* answer.  The transport
+tests at the end run against the broker fixture.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nsqclient import Producer, protocol
+from nsqclient.config import Config
+from nsqclient.conn import Connection, Waiter
+from nsqclient.errors import ConnectionClosedError
+from nsqclient.testing.helpers import message_count
+
+CERTS = Path(__file__).parent / "certs"
+CERT = str(CERTS / "cert.pem")
+KEY = str(CERTS / "key.pem")
+
+#: Seconds: the bound of every wait; reached only when something is broken.
+TIMEOUT = 10.0
+
+Behaviour = Callable[[socket.socket, "ScriptedPeer"], None]
+
+
+class ScriptedPeer:
+    """One TCP connection's worth of nsqd: the handshake, then ``behaviour(sock, peer)``."""
+
+    def __init__(self, behaviour: Behaviour):
+        self.behaviour = behaviour
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(TIMEOUT)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.release = threading.Event()  # set at teardown: a stalled behaviour may return
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="test-scripted-nsqd", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+            with sock:
+                sock.settimeout(TIMEOUT)
+                reader = sock.makefile("rb")
+                assert reader.read(4) == protocol.MAGIC_V2
+                assert reader.readline() == b"IDENTIFY\n"
+                reader.read(struct.unpack(">l", reader.read(4))[0])
+                sock.sendall(frame(b"OK"))
+                self.behaviour(sock, self)
+        except BaseException as exc:  # noqa: BLE001 - reported by close()
+            self.error = exc
+
+    def close(self) -> None:
+        self.release.set()
+        self.thread.join(TIMEOUT)
+        self.listener.close()
+        assert not self.thread.is_alive(), "scripted peer still running"
+        if self.error is not None:
+            raise self.error
+
+
+def frame(data: bytes, frame_type: int = protocol.FRAME_TYPE_RESPONSE) -> bytes:
+    return struct.pack(">ll", len(data) + 4, frame_type) + data
+
+
+def echo(sock: socket.socket, peer: ScriptedPeer) -> None:
+    """Answer every PUB with its body; NOP needs no answer.  Returns at end of stream."""
+    reader = sock.makefile("rb")
+    while True:
+        line = reader.readline()
+        if not line:
+            return
+        if line.startswith(b"PUB "):
+            body = reader.read(struct.unpack(">l", reader.read(4))[0])
+            sock.sendall(frame(body))
+        elif line == b"CLS\n":
+            sock.sendall(frame(b"CLOSE_WAIT"))
+        else:
+            assert line == b"NOP\n", line
+
+
+def never_read(sock: socket.socket, peer: ScriptedPeer) -> None:
+    """A hung nsqd: keep the connection open, read nothing, answer nothing."""
+    peer.release.wait(TIMEOUT * 3)
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[[Behaviour], ScriptedPeer]]:
+    peers: list[ScriptedPeer] = []
+
+    def make(behaviour: Behaviour) -> ScriptedPeer:
+        peers.append(ScriptedPeer(behaviour))
+        return peers[-1]
+
+    yield make
+    for peer in peers:
+        peer.close()
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., Connection]]:
+    made: list[Connection] = []
+
+    def make(address: str, **options: Any) -> Connection:
+        conn = Connection(address, Config(**options))
+        made.append(conn)
+        conn.connect()
+        return conn
+
+    yield make
+    for conn in made:
+        conn.close(timeout=2.0)
+
+
+def record_writers(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread behind every write to ``conn``'s transport, in order."""
+    names: list[str] = []
+    transport = conn._transport
+    assert transport is not None
+    original = transport.sendall
+
+    def sendall(data: bytes) -> None:
+        names.append(threading.current_thread().name)
+        original(data)
+
+    monkeypatch.setattr(transport, "sendall", sendall)
+    return names
+
+
+# ------------------------------------------------------------------------------------------------
+# Who writes
+
+
+def test_a_request_on_an_idle_connection_is_written_by_its_caller(scripted, connect, monkeypatch):
+    peer = scripted(echo)
+    conn = connect(peer.address)
+    writers = record_writers(conn, monkeypatch)
+    for i in range(3):
+        assert conn.request(protocol.pub("t", b"idle %d" % i)).result(TIMEOUT) == b"idle %d" % i
+    assert writers == [threading.current_thread().name] * 3
+
+
+def test_a_request_behind_one_in_flight_goes_to_the_writer(scripted, connect, monkeypatch):
+    answer = threading.Event()
+
+    def hold_first_answer(sock: socket.socket, peer: ScriptedPeer) -> None:
+        assert answer.wait(TIMEOUT)
+        echo(sock, peer)
+
+    peer = scripted(hold_first_answer)
+    conn = connect(peer.address)
+    writers = record_writers(conn, monkeypatch)
+    first = conn.request(protocol.pub("t", b"first"))
+    second = conn.request(protocol.pub("t", b"second"))
+    answer.set()
+    assert first.result(TIMEOUT) == b"first"
+    assert second.result(TIMEOUT) == b"second"
+    assert writers == [threading.current_thread().name, f"nsq-writer-{conn.address}"]
+
+
+def test_commands_without_an_answer_always_go_to_the_writer(scripted, connect, monkeypatch):
+    peer = scripted(echo)
+    conn = connect(peer.address)
+    writers = record_writers(conn, monkeypatch)
+    conn.send(protocol.nop())
+    # The writer has sent the NOP once the PUB after it is answered (one writer, in order),
+    # whoever wrote the PUB.
+    assert conn.request(protocol.pub("t", b"after")).result(TIMEOUT) == b"after"
+    assert writers[0] == f"nsq-writer-{conn.address}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Order
+
+
+def test_concurrent_callers_each_get_their_own_answer(scripted, connect):
+    """Sixteen threads mixing blocking requests, futures and NOPs: the direct and the queued
+    paths interleave, and every answer still reaches the request that caused it."""
+    peer = scripted(echo)
+    conn = connect(peer.address)
+    threads, per_thread = 16, 300
+    barrier = threading.Barrier(threads, timeout=TIMEOUT)
+    wrong: list[tuple[bytes, Any]] = []
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            barrier.wait()
+            futures = []
+            for j in range(per_thread):
+                body = b"%d-%d" % (i, j)
+                if j % 3 == 0:
+                    futures.append((body, conn.request(protocol.pub("t", body))))
+                else:
+                    got = conn.request(protocol.pub("t", body), Waiter()).result(TIMEOUT)
+                    if got != body:
+                        wrong.append((body, got))
+                if j % 7 == 0:
+                    conn.send(protocol.nop())
+            for body, future in futures:
+                got = future.result(TIMEOUT)
+                if got != body:
+                    wrong.append((body, got))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(i,), name=f"test-req-{i}") for i in range(16)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(TIMEOUT * 3)
+    assert not any(w.is_alive() for w in workers)
+    assert not errors, errors[:3]
+    assert not wrong, wrong[:5]
+    assert conn.pending_count() == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# write_timeout
+
+
+BIG = b"x" * (32 * 1024 * 1024)  # far more than the socket buffers of both ends hold
+
+
+def test_write_timeout_on_the_callers_write(scripted, connect):
+    peer = scripted(never_read)
+    conn = connect(peer.address, write_timeout=0.2, heartbeat_interval=30.0)
+    future = conn.request(protocol.pub("t", BIG))  # idle: the caller writes, and gives up
+    exc = future.exception(TIMEOUT)
+    assert isinstance(exc, ConnectionClosedError)
+    assert exc.maybe_processed is True  # part of it may be on the wire
+    assert isinstance(conn.close_reason, TimeoutError)
+    assert "no progress for 0.2 s" in str(conn.close_reason)
+    assert conn.wait_closed(TIMEOUT)
+
+
+def test_write_timeout_on_the_writer_thread_fails_everything_pending(scripted, connect):
+    peer = scripted(never_read)
+    conn = connect(peer.address, write_timeout=0.2, heartbeat_interval=30.0)
+    first = conn.request(protocol.pub("t", b"small"))  # written at once, never answered
+    queued = [conn.request(protocol.pub("t", BIG)) for _ in range(2)]  # on the writer
+    for future in [first, *queued]:
+        exc = future.exception(TIMEOUT)
+        assert isinstance(exc, ConnectionClosedError), exc
+    assert "no progress for 0.2 s" in str(conn.close_reason)
+    late = conn.request(protocol.pub("t", b"late")).exception(TIMEOUT)
+    assert isinstance(late, ConnectionClosedError) and late.maybe_processed is False
+
+
+def test_pub_to_a_hung_nsqd_raises_after_the_write_timeout(scripted):
+    """The user's view: pub() of a body the hung nsqd never reads raises ConnectionClosedError
+    (the outcome is unknown), long before pub_timeout."""
+    peer = scripted(never_read)
+    with Producer(peer.address, write_timeout=0.2, pub_timeout=60.0) as producer:
+        with pytest.raises(ConnectionClosedError) as caught:
+            producer.pub("t", BIG)
+    assert caught.value.maybe_processed is True
+    assert isinstance(caught.value.__cause__, TimeoutError)
+
+
+# ------------------------------------------------------------------------------------------------
+# Through TLS and compression, against the broker
+
+
+TRANSPORTS = {
+    "plain": {},
+    "snappy": {"snappy": True},
+    "deflate": {"deflate": True},
+    "tls+snappy": {"tls_v1": True, "tls_ca_file": CERT, "snappy": True},
+    "tls+deflate": {"tls_v1": True, "tls_ca_file": CERT, "deflate": True},
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSPORTS))
+def test_concurrent_publishers_through_each_transport(name, nsq_cluster_factory, connect):
+    """Caller writes and writer-thread writes share one compression stream and one TLS session;
+    the stream must stay whole."""
+    cluster = nsq_cluster_factory(lookupd=False, tls_cert=CERT, tls_key=KEY)
+    node = cluster.nsqd
+    conn = connect(node.tcp_address, **TRANSPORTS[name])
+    topic = f"writes_{name.replace('+', '_')}"
+    threads, per_thread = 8, 250
+    barrier = threading.Barrier(threads, timeout=TIMEOUT)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            barrier.wait()
+            for j in range(per_thread):
+                body = b"%d-%d " % (i, j) + b"z" * (j % 50)
+                assert conn.request(protocol.pub(topic, body), Waiter()).result(TIMEOUT) == b"OK"
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(i,), name=f"test-tx-{i}") for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(TIMEOUT * 3)
+    assert not any(w.is_alive() for w in workers)
+    assert not errors, errors[:3]
+    assert conn.is_connected
+    assert message_count(node, topic) == threads * per_thread
