@@ -8,6 +8,17 @@ Cases (200-byte messages, a fresh topic for every client and case):
                  8 chains of callbacks on one IOLoop, i.e. 8 PUBs outstanding at a time);
 * ``mpub x200``  one publisher, MPUB of 200 messages, waiting for each OK.
 
+Two more clients are not libraries but floors, shown so that the targets can be read against
+what is possible at all on this machine and broker:
+
+* ``socket``: one thread on a plain blocking socket, sending commands and reading answers itself
+  (``pub x8``: eight commands in flight), with no reader or writer thread and nothing to answer
+  heartbeats while idle: the floor under any Python client;
+* ``threads``: nsqclient's threading shape with nothing else: publishers wait on a plain lock
+  each, a reader thread releases them in order, an idle publisher writes the socket itself and a
+  writer thread sends the rest; no timeouts, errors, heartbeats or validation: the floor under a
+  client whose ``pub()`` blocks in the calling thread.
+
 Each client runs in its own subprocess.  The rate is messages acknowledged per second, from the
 first publish to the last OK, with the connection already made; afterwards the parent checks
 that nsqd's ``/stats`` counts exactly the messages published.
@@ -35,7 +46,7 @@ CASES = {
     "mpub x200": (1, 200),
 }
 TARGETS = {"pub x1": 2.0, "pub x8": 2.0, "mpub x200": 1.0}
-CLIENTS = ("nsqclient", "pynsq")
+CLIENTS = ("nsqclient", "pynsq", "socket", "threads")
 
 
 # ------------------------------------------------------------------------------ children
@@ -176,8 +187,153 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
     return {**window.as_dict(), "published": n}
 
 
+def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
+    """The floor: one thread, one blocking socket, ``publishers`` commands in flight."""
+    import socket
+
+    from nsqclient import protocol
+
+    host, _, port = spec["tcp"].rpartition(":")
+    body = common.message_body(spec["size"])
+    topic, n, window_size, batch = spec["topic"], spec["n"], spec["publishers"], spec["batch"]
+    if batch > 1:
+        commands = [protocol.mpub(topic, [body] * size) for size in _split_batches(n, batch)]
+    else:
+        commands = [protocol.pub(topic, body)] * n
+    sock = socket.create_connection((host, int(port)), timeout=30.0)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    frames = protocol.FrameReader()
+
+    def answers() -> list[protocol.Frame]:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("nsqd closed the connection")
+            got = []
+            for frame in frames.feed(data):
+                if frame.data == protocol.HEARTBEAT:
+                    sock.sendall(protocol.nop())
+                elif frame.type != protocol.FRAME_TYPE_RESPONSE:
+                    raise ConnectionError(f"nsqd answered {frame.data!r}")
+                else:
+                    got.append(frame)
+            if got:
+                return got
+
+    sock.sendall(protocol.MAGIC_V2 + protocol.identify({}) + protocol.pub(topic + "_warmup", body))
+    acked = -2  # the IDENTIFY and warm-up answers come first
+    while acked < 0:
+        acked += len(answers())
+    window = common.CpuWindow(spec["broker_pid"])
+    window.start()
+    sent = min(window_size, len(commands))
+    sock.sendall(b"".join(commands[:sent]))
+    while acked < len(commands):
+        got = len(answers())
+        acked += got
+        more = commands[sent : sent + got]
+        if more:
+            sock.sendall(b"".join(more))
+            sent += len(more)
+    window.stop()
+    sock.close()
+    return {**window.as_dict(), "published": n}
+
+
+def run_threads(spec: dict[str, Any]) -> dict[str, Any]:
+    """The floor of the threaded shape: see the module docstring."""
+    import queue
+    import socket
+    from collections import deque
+
+    from nsqclient import protocol
+
+    host, _, port = spec["tcp"].rpartition(":")
+    body = common.message_body(spec["size"])
+    topic, n, publishers, batch = spec["topic"], spec["n"], spec["publishers"], spec["batch"]
+    sock = socket.create_connection((host, int(port)), timeout=30.0)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(protocol.MAGIC_V2 + protocol.identify({}))
+    frames = protocol.FrameReader()
+    while not frames.feed(sock.recv(4096)):
+        pass
+    sock.settimeout(None)
+    pending: deque[threading.Lock] = deque()
+    state_lock, send_lock = threading.Lock(), threading.Lock()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    queued = [0]
+
+    def reader() -> None:
+        while data := sock.recv(262144):
+            for _ in frames.feed(data):
+                with state_lock:
+                    waiter = pending.popleft()
+                waiter.release()
+
+    def writer() -> None:
+        while (item := outbox.get()) is not None:
+            items = [item]
+            while not outbox.empty():
+                items.append(outbox.get())
+            with send_lock:
+                sock.sendall(b"".join(items))
+            with state_lock:
+                queued[0] -= len(items)
+
+    def request(command: bytes) -> None:
+        waiter = threading.Lock()
+        waiter.acquire()
+        with state_lock:
+            pending.append(waiter)
+            direct = not queued[0] and len(pending) == 1 and send_lock.acquire(False)
+            if not direct:
+                queued[0] += 1
+                outbox.put(command)
+        if direct:
+            sock.sendall(command)
+            send_lock.release()
+        waiter.acquire()
+
+    threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
+    request(protocol.pub(topic + "_warmup", body))
+    go = threading.Event()
+
+    def publish(count: int) -> None:
+        go.wait(30.0)
+        for _ in range(count):
+            request(protocol.pub(topic, body))
+
+    window = common.CpuWindow(spec["broker_pid"])
+    if batch > 1:
+        window.start()
+        for size in _split_batches(n, batch):
+            request(protocol.mpub(topic, [body] * size))
+    else:
+        workers = [threading.Thread(target=publish, args=(c,)) for c in _split(n, publishers)]
+        for t in workers:
+            t.start()
+        window.start()
+        go.set()
+        for t in workers:
+            t.join(600.0)
+    window.stop()
+    outbox.put(None)
+    sock.shutdown(socket.SHUT_RDWR)
+    for t in threads:
+        t.join(30.0)
+    sock.close()
+    return {**window.as_dict(), "published": n}
+
+
 def child_main(spec: dict[str, Any]) -> None:
-    run = run_nsqclient if spec["client"] == "nsqclient" else run_pynsq
+    run = {
+        "nsqclient": run_nsqclient,
+        "pynsq": run_pynsq,
+        "socket": run_socket,
+        "threads": run_threads,
+    }[spec["client"]]
     common.emit_result(run(spec))
 
 
@@ -235,7 +391,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}"
     )
     parser.add_argument(
-        "--clients", default=",".join(CLIENTS), help="comma-separated subset of nsqclient,pynsq"
+        "--clients",
+        default=",".join(CLIENTS),
+        help=f"comma-separated subset of {','.join(CLIENTS)}",
     )
     common.add_profile_arguments(parser)
     parser.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child")
@@ -279,6 +437,8 @@ def main(argv: list[str]) -> int:
     for case in args.case_list:
         ours = max(results.get((case, "nsqclient"), []), default=None)
         theirs = max(results.get((case, "pynsq"), []), default=None)
+        floor = max(results.get((case, "socket"), []), default=None)
+        threads_floor = max(results.get((case, "threads"), []), default=None)
         rows.append(
             [
                 case,
@@ -286,9 +446,26 @@ def main(argv: list[str]) -> int:
                 common.fmt_rate(theirs),
                 common.fmt_ratio(ours, theirs),
                 f">= {TARGETS[case]:.0f}x",
+                common.fmt_rate(threads_floor),
+                common.fmt_ratio(threads_floor, theirs),
+                common.fmt_rate(floor),
+                common.fmt_ratio(floor, theirs),
             ]
         )
-    common.print_table(["case", "nsqclient msg/s", "pynsq msg/s", "ratio", "target"], rows)
+    common.print_table(
+        [
+            "case",
+            "nsqclient msg/s",
+            "pynsq msg/s",
+            "ratio",
+            "target",
+            "threads floor",
+            "/pynsq",
+            "socket floor",
+            "/pynsq",
+        ],
+        rows,
+    )
     return 0
 
 
