@@ -117,7 +117,9 @@ class ConnectionState(enum.Enum):
 
 
 class ConnectionDelegate(Protocol):
-    """What a Connection tells its owner.  Every method runs on the reader thread."""
+    """What a Connection tells its owner.  These methods run on the reader thread and must not
+    block.  A delegate may also have ``on_state_change(conn, old, new)`` (optional), called on
+    whichever thread moved the connection from one :class:`ConnectionState` to the next."""
 
     def on_message(self, conn: Connection, message: DecodedMessage) -> None: ...
 
@@ -155,6 +157,8 @@ class Connection:
         self._fatal_error: ServerError | None = None
         self._write_error: BaseException | None = None
         self.messages_received = 0
+        #: messages in the PUB/MPUB/DPUB written (counted as queued, as the caller said)
+        self.messages_sent = 0
         self.pid = os.getpid()
         self._transport: Transport | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -211,7 +215,7 @@ class Connection:
         """
         if self.state is not ConnectionState.INIT:
             raise NSQError(f"connect() called on a connection in state {self.state.value}")
-        self.state = ConnectionState.CONNECTING
+        self._set_state(ConnectionState.CONNECTING)
         cfg = self.config
         sock = None
         try:
@@ -234,8 +238,8 @@ class Connection:
             if self._abort.is_set():
                 raise ConnectionClosedError(f"connecting to {self.address} was aborted")
         except BaseException as exc:
-            self.state = ConnectionState.CLOSED
             self.close_reason = exc
+            self._set_state(ConnectionState.CLOSED)
             self._closed_event.set()
             if self._transport is not None:
                 self._transport.close()
@@ -244,7 +248,7 @@ class Connection:
             if isinstance(exc, TimeoutError) and not isinstance(exc, NSQError):
                 raise NSQTimeoutError(f"handshake with {self.address} timed out") from exc
             raise
-        self.state = ConnectionState.CONNECTED
+        self._set_state(ConnectionState.CONNECTED)
         self._reader = threading.Thread(
             target=self._read_loop, name=f"nsq-reader-{self.address}", daemon=True
         )
@@ -254,6 +258,20 @@ class Connection:
         self._writer.start()
         self._reader.start()
         logger.debug("connected to %s: %s", self.address, self.identify_response)
+
+    def _set_state(self, new: ConnectionState) -> None:
+        old, self.state = self.state, new
+        self._report_state(old, new)
+
+    def _report_state(self, old: ConnectionState, new: ConnectionState) -> None:
+        """Log a state change and tell the delegate; never called under ``self._lock``."""
+        logger.debug("%s: %s -> %s", self.address, old.value, new.value)
+        hook = getattr(self.delegate, "on_state_change", None)
+        if hook is not None:
+            try:
+                hook(self, old, new)
+            except Exception:
+                logger.exception("on_state_change delegate of %s failed", self.address)
 
     def abort_connect(self) -> None:
         """From another thread: make a :meth:`connect` in progress fail at once (its socket is
@@ -381,9 +399,12 @@ class Connection:
             self._queued += 1
             self._queue.put(command)
 
-    def request(self, command: bytes, future: Future | Waiter | None = None) -> Future | Waiter:
+    def request(
+        self, command: bytes, future: Future | Waiter | None = None, messages: int = 0
+    ) -> Future | Waiter:
         """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future
-        (``future`` if given: a fresh Future or :class:`Waiter`).
+        (``future`` if given: a fresh Future or :class:`Waiter`).  ``messages``: how many
+        messages the command publishes, for :meth:`stats`.
 
         The Future's result is the response bytes (``b"OK"``, the 30-byte traced reply...), or
         it fails with the ServerError nsqd sent, or ConnectionClosedError when the connection
@@ -403,6 +424,7 @@ class Connection:
                 )
                 return future
             self._pending.append(future)
+            self.messages_sent += messages
             # Alone on an idle connection: write it here rather than wake the writer.  With
             # other requests in flight, queue it, so that the writer batches it with theirs.
             direct = (
@@ -553,12 +575,12 @@ class Connection:
 
     def _finish_close(self, reason: BaseException | None) -> None:
         with self._lock:
-            already = self.state is ConnectionState.CLOSED
+            old = self.state
             self.state = ConnectionState.CLOSED
             pending = self._pending[self._pending_head :]
             self._pending = []
             self._pending_head = 0
-        if already:
+        if old is ConnectionState.CLOSED:
             return
         if reason is not None and self.close_reason is None:
             self.close_reason = reason
@@ -579,6 +601,7 @@ class Connection:
         if self._transport is not None:
             self._transport.shutdown()
         self._closed_event.set()
+        self._report_state(old, ConnectionState.CLOSED)
         if reason is not None:
             logger.info("connection to %s closed: %s", self.address, reason)
         if self.delegate is not None:
@@ -600,9 +623,12 @@ class Connection:
         but the connection's own."""
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
-            if self.state is ConnectionState.CONNECTED:
+            closing = self.state is ConnectionState.CONNECTED
+            if closing:
                 self.state = ConnectionState.CLOSING
             pending = self._pending[self._pending_head :]
+        if closing:
+            self._report_state(ConnectionState.CONNECTED, ConnectionState.CLOSING)
         for future in pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -638,6 +664,7 @@ class Connection:
             "rdy": self.rdy,
             "in_flight": self.in_flight,
             "messages_received": self.messages_received,
+            "messages_sent": self.messages_sent,
             "pending_requests": self.pending_count(),
             "bytes_in": t.bytes_in if t else 0,
             "bytes_out": t.bytes_out if t else 0,

@@ -211,6 +211,7 @@ class Producer:
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
+        count = protocol.published_count(command)
         slots = self._slots
         n = len(slots)
         if n > 1:
@@ -225,13 +226,13 @@ class Producer:
             if conn is None:
                 errors.append(f"{slot.address}: {slot.last_error}")
                 continue
-            future = conn.request(command, make_future())
+            future = conn.request(command, make_future(), count)
             if future.done() and not conn.is_connected:
                 # It closed just now, before the command was queued: nothing was sent.
                 # One fresh connection to the same nsqd, then the next address.
                 conn = self._connection(slot, deadline)
                 if conn is not None:
-                    future = conn.request(command, make_future())
+                    future = conn.request(command, make_future(), count)
                 if conn is None or (future.done() and not conn.is_connected):
                     errors.append(f"{slot.address}: {slot.last_error or future.exception()}")
                     continue

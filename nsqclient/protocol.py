@@ -276,6 +276,15 @@ def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> b
     return line + _sized(_mpub_body(bodies))
 
 
+def published_count(command: bytes) -> int:
+    """How many messages an encoded publish command carries: the count field of any MPUB form
+    (``[size][count]`` right after the command line), 1 for every other command."""
+    if not command.startswith(b"MPUB"):
+        return 1
+    start = command.index(b"\n") + 5
+    return _U32.unpack_from(command, start)[0]
+
+
 def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
     """``DPUB <topic> <delay_ms>\\n[size][body]`` (classic nsqd only; youzan has no DPUB)."""
     if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:

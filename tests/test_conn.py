@@ -597,6 +597,68 @@ def test_close_waits_for_pending_requests(nsqd):
     assert isinstance(exc, ConnectionClosedError) and exc.maybe_processed is False
 
 
+class StateRecorder(Collector):
+    """A Collector that also records state changes, and raises from the hook when asked (a
+    broken hook must not break the connection)."""
+
+    def __init__(self, raise_in_hook: bool = False) -> None:
+        super().__init__()
+        self.changes: list[tuple[str, str]] = []
+        self.raise_in_hook = raise_in_hook
+
+    def on_state_change(self, conn: Connection, old: Any, new: Any) -> None:
+        self.changes.append((old.value, new.value))
+        if self.raise_in_hook:
+            raise RuntimeError("hook bug")
+
+
+@pytest.mark.parametrize("raise_in_hook", [False, True], ids=["hook", "broken hook"])
+def test_state_changes_are_reported(nsqd, raise_in_hook):
+    recorder = StateRecorder(raise_in_hook)
+    conn = Connection(nsqd.nsqd.tcp_address, Config(), delegate=recorder)
+    conn.connect()
+    assert recorder.changes == [("init", "connecting"), ("connecting", "connected")]
+    assert conn.request(protocol.pub("conn_states", b"x")).result(TIMEOUT) == b"OK"
+    conn.close(timeout=TIMEOUT)
+    assert recorder.changes[2:] == [("connected", "closing"), ("closing", "closed")]
+    assert recorder.close_reasons == [None]
+
+
+def test_failed_connect_and_server_loss_are_reported(nsq_cluster_factory):
+    recorder = StateRecorder()
+    with pytest.raises(OSError):
+        Connection(f"127.0.0.1:{free_port()}", Config(), delegate=recorder).connect()
+    assert recorder.changes == [("init", "connecting"), ("connecting", "closed")]
+
+    cluster = nsq_cluster_factory(lookupd=False)
+    recorder = StateRecorder()
+    conn = Connection(cluster.nsqd.tcp_address, Config(), delegate=recorder)
+    conn.connect()
+    try:
+        cluster.stop_nsqd(0)
+        assert recorder.closed.wait(TIMEOUT)
+        assert recorder.changes[-1] == ("connected", "closed")
+    finally:
+        conn.close(timeout=TIMEOUT)
+    assert recorder.changes.count(("connected", "closed")) == 1
+
+
+def test_stats_count_messages_and_bytes_both_ways(nsqd, connect):
+    node = nsqd.nsqd
+    pub = connect(node.tcp_address)
+    assert pub.request(protocol.pub("conn_counts", b"one"), messages=1).result(TIMEOUT) == b"OK"
+    mpub = protocol.mpub("conn_counts", [b"a", b"b", b"c"])
+    assert pub.request(mpub, messages=3).result(TIMEOUT) == b"OK"
+    stats = pub.stats()
+    assert stats["messages_sent"] == 4
+    assert stats["bytes_out"] >= len(mpub) and stats["bytes_in"] > 0
+    assert stats["pending_requests"] == 0
+    sub, collector = subscribe(connect, node.tcp_address, "conn_counts", "ch", 10)
+    assert len(receive(sub, collector, 4)) == 4
+    stats = sub.stats()
+    assert stats["messages_received"] == 4 and stats["messages_sent"] == 0
+
+
 def test_server_going_away_closes_with_a_reason(nsq_cluster_factory):
     cluster = nsq_cluster_factory(lookupd=False)
     collector = Collector()

@@ -281,6 +281,17 @@ def test_async_publishes_resolve_to_ok(nsqd, producers):
     assert message_count(node, "p_async") == 104
 
 
+def test_stats_count_published_messages(nsqd, producers):
+    p = producers(nsqd.nsqd.tcp_address)
+    p.pub("p_stats", b"1")
+    p.mpub("p_stats", [b"2", b"3", b"4"])
+    p.pub_async("p_stats", b"5").result(TIMEOUT)
+    p.dpub("p_stats", b"6", delay=0.0)
+    [entry] = p.stats()
+    assert entry["messages_sent"] == 6
+    assert entry["connected"] is True and entry["pending_requests"] == 0
+
+
 def test_many_threads_every_publish_accounted_for(nsqd, producers):
     node = nsqd.nsqd
     p = producers(node.tcp_address)
@@ -371,11 +382,11 @@ def test_connection_closing_just_before_the_send_is_replaced(nsqd, producers, mo
     original = Connection.request
     closed: list[Connection] = []
 
-    def request(self: Connection, command: bytes, future=None) -> Future:
+    def request(self: Connection, command: bytes, future=None, messages: int = 0) -> Future:
         if not closed:
             closed.append(self)
             self.close(timeout=1.0)  # the race, made deterministic
-        return original(self, command, future)
+        return original(self, command, future, messages)
 
     monkeypatch.setattr(Connection, "request", request)
     p.pub("p_race", b"second")

@@ -150,6 +150,17 @@ def test_mpub() -> None:
     assert protocol.mpub("t", [b"a", b"bcd"]) == b"MPUB t\n" + size(16) + body
 
 
+def test_published_count() -> None:
+    assert protocol.published_count(protocol.pub("t", b"x")) == 1
+    assert protocol.published_count(protocol.dpub("t", 10, b"x")) == 1
+    assert protocol.published_count(protocol.pub("t", b"x", partition=3)) == 1
+    assert protocol.published_count(protocol.mpub("t", [b"a"] * 7)) == 7
+    assert protocol.published_count(protocol.mpub("t", [b"a", b"b"], partition=1)) == 2
+    assert protocol.published_count(protocol.mpub_trace("t", [b"a"] * 3, [1, 2, 3])) == 3
+    assert protocol.published_count(protocol.mpub_ext("t", [b"a"] * 4, [{}] * 4)) == 4
+    assert protocol.published_count(protocol.pub_trace("t", b"x", 5)) == 1
+
+
 def test_mpub_accepts_tuple_and_mixed_body_types() -> None:
     expected = b"MPUB t\n" + sized(size(3) + sized(b"x") + sized(b"y") + sized(b"\xc3\xa9"))
     assert protocol.mpub("t", (b"x", bytearray(b"y"), "é")) == expected  # type: ignore[arg-type]
