@@ -3,10 +3,11 @@
 The handshake (magic, IDENTIFY, TLS/snappy/deflate upgrades, AUTH) runs in the thread that calls
 :meth:`Connection.connect`.  After it, exactly one reader thread reads the socket, and a writer
 thread sends what other threads queue, everything queued in one write (DESIGN.md, rule 1).  One
-exception to rule 1, for latency: a request made while the connection has nothing else in flight
-or queued is written by the calling thread itself, under the same send lock the writer holds, so
-an idle ``pub()`` costs one thread hand-off instead of two.  Writes stay whole and in order, and
-only one thread at a time is ever inside the transport's write path.  Any thread may send:
+exception to rule 1, for latency: a request made while no other request is in flight is written
+by the calling thread itself, under the same send lock the writer holds, so an idle ``pub()``
+costs one thread hand-off instead of two.  Writes stay whole, requests reach nsqd in the order of
+their pending answers, and only one thread at a time is ever inside the transport's write path.
+Any thread may send:
 
 * :meth:`Connection.send` for commands nsqd does not answer on success (RDY, FIN, REQ, TOUCH, NOP);
 * :meth:`Connection.request` for commands it answers (PUB, MPUB, DPUB, SUB, CLS...): the returned
@@ -167,7 +168,6 @@ class Connection:
         self._lock = threading.Lock()
         # Held by whoever writes the socket: the writer thread or a caller writing directly.
         self._send_lock = threading.Lock()
-        self._queued = 0  # commands in self._queue not yet written (guarded by self._lock)
         self._closed_event = threading.Event()
         self._abort = threading.Event()
         self._sock: socket.socket | None = None
@@ -234,7 +234,7 @@ class Connection:
             self._handshake()
             self._transport.set_timeouts(self._read_deadline(), cfg.write_timeout)
             # TLS may need to send records while reading; the reader never writes.
-            self._transport.set_output_callback(lambda: self._enqueue(b""))
+            self._transport.set_output_callback(lambda: self._queue.put(b""))
             if self._abort.is_set():
                 raise ConnectionClosedError(f"connecting to {self.address} was aborted")
         except BaseException as exc:
@@ -392,12 +392,7 @@ class Connection:
         """
         if self.state is ConnectionState.CLOSED:
             raise ConnectionClosedError(f"connection to {self.address} is closed")
-        self._enqueue(command)
-
-    def _enqueue(self, command: bytes) -> None:
-        with self._lock:
-            self._queued += 1
-            self._queue.put(command)
+        self._queue.put(command)
 
     def request(
         self, command: bytes, future: Future | Waiter | None = None, messages: int = 0
@@ -425,15 +420,14 @@ class Connection:
                 return future
             self._pending.append(future)
             self.messages_sent += messages
-            # Alone on an idle connection: write it here rather than wake the writer.  With
-            # other requests in flight, queue it, so that the writer batches it with theirs.
-            direct = (
-                self._queued == 0
-                and len(self._pending) - self._pending_head == 1
-                and self._send_lock.acquire(blocking=False)
+            # The only request in flight: write it here rather than wake the writer.  With
+            # others in flight (written or queued), queue it behind them, so that answers keep
+            # the order of self._pending and the writer batches it with theirs.  It may pass
+            # queued FIN/RDY/NOP, which get no answer and need no order relative to it.
+            direct = len(self._pending) - self._pending_head == 1 and self._send_lock.acquire(
+                blocking=False
             )
             if not direct:
-                self._queued += 1
                 self._queue.put(command)
         if direct:
             try:
@@ -489,8 +483,6 @@ class Connection:
                     chunks.append(item)
                 with self._send_lock:
                     transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
-                with self._lock:
-                    self._queued -= len(chunks)
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
 
@@ -548,7 +540,7 @@ class Connection:
             return
         if ftype == protocol.FRAME_TYPE_RESPONSE:
             if data == protocol.HEARTBEAT:
-                self._enqueue(protocol.nop())
+                self._queue.put(protocol.nop())
                 return
             future = self._pop_pending()
             if future is None:

@@ -22,6 +22,7 @@ from nsqclient.config import Config
 from nsqclient.conn import Connection, Waiter
 from nsqclient.errors import ConnectionClosedError
 from nsqclient.testing.helpers import message_count
+from nsqclient.testing.waiting import wait_for
 
 CERTS = Path(__file__).parent / "certs"
 CERT = str(CERTS / "cert.pem")
@@ -122,15 +123,19 @@ def connect() -> Iterator[Callable[..., Connection]]:
         conn.close(timeout=2.0)
 
 
-def record_writers(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of the thread behind every write to ``conn``'s transport, in order."""
-    names: list[str] = []
+def record_writers(
+    conn: Connection, monkeypatch: pytest.MonkeyPatch, with_data: bool = False
+) -> list[Any]:
+    """The name of the thread behind every write to ``conn``'s transport, in order (with the
+    bytes written: ``(name, data)``, when ``with_data``)."""
+    names: list[Any] = []
     transport = conn._transport
     assert transport is not None
     original = transport.sendall
 
     def sendall(data: bytes) -> None:
-        names.append(threading.current_thread().name)
+        name = threading.current_thread().name
+        names.append((name, data) if with_data else name)
         original(data)
 
     monkeypatch.setattr(transport, "sendall", sendall)
@@ -171,12 +176,11 @@ def test_a_request_behind_one_in_flight_goes_to_the_writer(scripted, connect, mo
 def test_commands_without_an_answer_always_go_to_the_writer(scripted, connect, monkeypatch):
     peer = scripted(echo)
     conn = connect(peer.address)
-    writers = record_writers(conn, monkeypatch)
-    conn.send(protocol.nop())
-    # The writer has sent the NOP once the PUB after it is answered (one writer, in order),
-    # whoever wrote the PUB.
-    assert conn.request(protocol.pub("t", b"after")).result(TIMEOUT) == b"after"
-    assert writers[0] == f"nsq-writer-{conn.address}"
+    writes = record_writers(conn, monkeypatch, with_data=True)
+    for _ in range(3):
+        conn.send(protocol.nop())
+    wait_for(lambda: b"".join(data for _, data in writes).count(b"NOP\n") == 3, TIMEOUT)
+    assert {name for name, _ in writes} == {f"nsq-writer-{conn.address}"}
 
 
 # ------------------------------------------------------------------------------------------------
