@@ -72,7 +72,7 @@ OPTIONS: dict[str, Option] = {
             "write_timeout",
             1.0,
             float,
-            "seconds a write to nsqd may make no progress (nsqd not reading) before the"
+            "seconds one write to nsqd may take (longer means nsqd is not reading) before the"
             " connection is closed and what was in flight on it fails",
             0.001,
             _HOUR,

@@ -43,13 +43,10 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-import struct
-import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import NoReturn
 
 import snappy
 
@@ -79,7 +76,9 @@ class Transport:
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        self._write_timeout: float | None = sock.gettimeout()
+        # Writes go through _wsock: the same socket, or after set_timeouts() a duplicate of it
+        # whose Python-level timeout bounds writes only.
+        self._wsock = sock
         self._closed = False
         self._shut_down = False
         self.bytes_in = 0
@@ -132,35 +131,27 @@ class Transport:
     def settimeout(self, seconds: float | None) -> None:
         """Set one timeout in seconds for reads and writes alike (``None``: block forever).
 
-        It bounds every single socket read, and also every socket write: a blocked
-        :meth:`sendall` raises ``TimeoutError`` after that long without progress.  The
-        handshake runs under this; :meth:`set_timeouts` replaces it afterwards.
+        It bounds every single socket read, and every socket write: a :meth:`sendall` that has
+        not completed after that long raises ``TimeoutError``.  The handshake runs under this;
+        :meth:`set_timeouts` replaces it afterwards.
         """
-        self._write_timeout = seconds
         self._sock.settimeout(seconds)
+        self._wsock.settimeout(seconds)
 
     def set_timeouts(self, read: float, write: float) -> None:
         """Bound reads and writes separately (seconds, both positive).
 
         A :meth:`recv` that gets no byte for ``read`` seconds raises ``TimeoutError``; a
-        :meth:`sendall` that makes no progress for ``write`` seconds raises ``TimeoutError``.
-        The socket goes back to blocking mode with the kernel's per-direction timeouts
-        (``SO_RCVTIMEO``/``SO_SNDTIMEO``), which also spares a ``poll()`` per call.  Where the
-        platform refuses those options, one timeout of ``read`` seconds serves both.
+        :meth:`sendall` that has not completed after ``write`` seconds raises ``TimeoutError``
+        (part of the data may have been sent: close the connection).  Writes use a duplicate
+        of the socket from then on, so that each direction keeps its own timeout.
         """
         if read <= 0 or write <= 0:
             raise ValueError(f"timeouts must be positive, not read={read!r} write={write!r}")
-        sock = self._sock
-        try:
-            sock.settimeout(None)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(read))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(write))
-        except (OSError, AttributeError):  # pragma: no cover - POSIX and Windows have both
-            logger.debug("per-direction socket timeouts unavailable; using %s s for both", read)
-            sock.settimeout(read)
-            self._write_timeout = read
-            return
-        self._write_timeout = write
+        self._sock.settimeout(read)
+        if self._wsock is self._sock:
+            self._wsock = self._sock.dup()
+        self._wsock.settimeout(write)
 
     def set_output_callback(self, wake_writer: Callable[[], None] | None) -> None:
         """Register the function :meth:`recv` calls when a TLS read left bytes to send.
@@ -193,10 +184,11 @@ class Transport:
             return
         self._closed = True
         self._output_callback = None
-        try:
-            self._sock.close()
-        except OSError:  # pragma: no cover - close() on a socket practically never fails
-            pass
+        for sock in {self._sock, self._wsock}:
+            try:
+                sock.close()
+            except OSError:  # pragma: no cover - close() on a socket practically never fails
+                pass
 
     # ----------------------------------------------------------------------------------------
     # Reading
@@ -265,10 +257,10 @@ class Transport:
             return self._tls_recv(max_bytes)
         try:
             data = self._sock.recv(max_bytes)
-        except OSError as exc:
+        except OSError:
             if self._shut_down:
                 return b""
-            _raise_read_error(exc)
+            raise
         self.bytes_in += len(data)
         return data
 
@@ -315,9 +307,9 @@ class Transport:
                 return bytes(plain[:pos])
             try:
                 n = self._sock.recv_into(raw)
-            except OSError as exc:
+            except OSError:
                 if not self._shut_down:
-                    _raise_read_error(exc)
+                    raise
                 n = 0
             self.bytes_in += n
             with lock:
@@ -367,11 +359,12 @@ class Transport:
                 return
 
     def _send_raw(self, data: bytes) -> None:
+        wsock = self._wsock
         try:
-            self._sock.sendall(data)
-        except BlockingIOError as exc:  # SO_SNDTIMEO expired
+            wsock.sendall(data)
+        except TimeoutError as exc:
             raise TimeoutError(
-                f"socket write made no progress for {self._write_timeout:g} s"
+                f"socket write did not complete within {wsock.gettimeout():g} s"
             ) from exc
         self.bytes_out += len(data)
 
@@ -562,26 +555,6 @@ class Transport:
             if out:
                 self._rbuf = out
         logger.debug("%s compression on with %s", name, self._peer_name())
-
-
-def _timeval(seconds: float) -> bytes:
-    """``seconds`` as the option value of SO_RCVTIMEO/SO_SNDTIMEO on this platform (never 0,
-    which would mean no timeout at all)."""
-    if sys.platform == "win32":  # pragma: no cover - a DWORD of milliseconds
-        return struct.pack("@L", max(1, int(seconds * 1000)))
-    whole = int(seconds)
-    micros = int((seconds - whole) * 1_000_000)
-    if not whole and not micros:
-        micros = 1
-    return struct.pack("@ll", whole, micros)
-
-
-def _raise_read_error(exc: OSError) -> NoReturn:
-    """Re-raise a socket read error; an expired SO_RCVTIMEO (EAGAIN on a blocking socket) as
-    the TimeoutError it is."""
-    if isinstance(exc, BlockingIOError):
-        raise TimeoutError("socket read timed out") from None
-    raise exc
 
 
 def make_tls_context(
