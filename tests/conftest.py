@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from nsqclient.config import Config
+from nsqclient.conn import Connection
 from nsqclient.consumer import Consumer
 
 
@@ -26,3 +28,20 @@ def consumers() -> Iterator[Callable[..., Consumer]]:
     yield make
     for consumer in made:
         consumer.stop(timeout=5.0)
+
+
+@pytest.fixture
+def connect() -> Iterator[Any]:
+    """``connect(address, delegate=None, **options) -> Connection`` (connected); every
+    connection made is closed at teardown, even when the test failed."""
+    made: list[Connection] = []
+
+    def make(address: str, delegate: Any = None, **options: Any) -> Connection:
+        conn = Connection(address, Config(**options), delegate=delegate)
+        made.append(conn)
+        conn.connect()
+        return conn
+
+    yield make
+    for conn in made:
+        conn.close(timeout=2.0)

@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
-from nsqclient.config import Config
 from nsqclient.conn import Connection, Waiter
 from nsqclient.errors import ConnectionClosedError
-from nsqclient.testing.helpers import message_count
+from nsqclient.testing.helpers import message_count, run_together
 from nsqclient.testing.waiting import wait_for
 
 CERTS = Path(__file__).parent / "certs"
@@ -108,21 +107,6 @@ def scripted() -> Iterator[Callable[[Behaviour], ScriptedPeer]]:
         peer.close()
 
 
-@pytest.fixture
-def connect() -> Iterator[Callable[..., Connection]]:
-    made: list[Connection] = []
-
-    def make(address: str, **options: Any) -> Connection:
-        conn = Connection(address, Config(**options))
-        made.append(conn)
-        conn.connect()
-        return conn
-
-    yield make
-    for conn in made:
-        conn.close(timeout=2.0)
-
-
 def record_writers(
     conn: Connection, monkeypatch: pytest.MonkeyPatch, with_data: bool = False
 ) -> list[Any]:
@@ -192,39 +176,26 @@ def test_concurrent_callers_each_get_their_own_answer(scripted, connect):
     paths interleave, and every answer still reaches the request that caused it."""
     peer = scripted(echo)
     conn = connect(peer.address)
-    threads, per_thread = 16, 300
-    barrier = threading.Barrier(threads, timeout=TIMEOUT)
     wrong: list[tuple[bytes, Any]] = []
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            barrier.wait()
-            futures = []
-            for j in range(per_thread):
-                body = b"%d-%d" % (i, j)
-                if j % 3 == 0:
-                    futures.append((body, conn.request(protocol.pub("t", body))))
-                else:
-                    got = conn.request(protocol.pub("t", body), Waiter()).result(TIMEOUT)
-                    if got != body:
-                        wrong.append((body, got))
-                if j % 7 == 0:
-                    conn.send(protocol.nop())
-            for body, future in futures:
-                got = future.result(TIMEOUT)
+        futures = []
+        for j in range(300):
+            body = b"%d-%d" % (i, j)
+            if j % 3 == 0:
+                futures.append((body, conn.request(protocol.pub("t", body))))
+            else:
+                got = conn.request(protocol.pub("t", body), Waiter()).result(TIMEOUT)
                 if got != body:
                     wrong.append((body, got))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+            if j % 7 == 0:
+                conn.send(protocol.nop())
+        for body, future in futures:
+            got = future.result(TIMEOUT)
+            if got != body:
+                wrong.append((body, got))
 
-    workers = [threading.Thread(target=work, args=(i,), name=f"test-req-{i}") for i in range(16)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(TIMEOUT * 3)
-    assert not any(w.is_alive() for w in workers)
-    assert not errors, errors[:3]
+    run_together(work, 16, "test-req")
     assert not wrong, wrong[:5]
     assert conn.pending_count() == 0
 
@@ -293,25 +264,12 @@ def test_concurrent_publishers_through_each_transport(name, nsq_cluster_factory,
     node = cluster.nsqd
     conn = connect(node.tcp_address, **TRANSPORTS[name])
     topic = f"writes_{name.replace('+', '_')}"
-    threads, per_thread = 8, 250
-    barrier = threading.Barrier(threads, timeout=TIMEOUT)
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            barrier.wait()
-            for j in range(per_thread):
-                body = b"%d-%d " % (i, j) + b"z" * (j % 50)
-                assert conn.request(protocol.pub(topic, body), Waiter()).result(TIMEOUT) == b"OK"
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for j in range(250):
+            body = b"%d-%d " % (i, j) + b"z" * (j % 50)
+            assert conn.request(protocol.pub(topic, body), Waiter()).result(TIMEOUT) == b"OK"
 
-    workers = [threading.Thread(target=work, args=(i,), name=f"test-tx-{i}") for i in range(8)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(TIMEOUT * 3)
-    assert not any(w.is_alive() for w in workers)
-    assert not errors, errors[:3]
+    run_together(work, 8, "test-tx")
     assert conn.is_connected
-    assert message_count(node, topic) == threads * per_thread
+    assert message_count(node, topic) == 8 * 250

@@ -26,7 +26,14 @@ from nsqclient.errors import (
     NSQTimeoutError,
 )
 from nsqclient.producer import Producer
-from nsqclient.testing.helpers import consume, free_port, message_count, nsqd_stats, topic_stats
+from nsqclient.testing.helpers import (
+    consume,
+    free_port,
+    message_count,
+    nsqd_stats,
+    run_together,
+    topic_stats,
+)
 from nsqclient.testing.waiting import wait_for
 
 #: Seconds: the bound of every wait; reached only when something is broken.
@@ -295,26 +302,13 @@ def test_stats_count_published_messages(nsqd, producers):
 def test_many_threads_every_publish_accounted_for(nsqd, producers):
     node = nsqd.nsqd
     p = producers(node.tcp_address)
-    threads, per_thread = 16, 2000
-    barrier = threading.Barrier(threads, timeout=TIMEOUT)
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            barrier.wait()
-            for j in range(per_thread):
-                p.pub("p_threads", b"%d-%d" % (i, j))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for j in range(2000):
+            p.pub("p_threads", b"%d-%d" % (i, j))
 
-    workers = [threading.Thread(target=work, args=(i,), name=f"test-pub-{i}") for i in range(16)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(60.0)
-    assert not any(w.is_alive() for w in workers)
-    assert not errors, errors[:3]
-    assert message_count(node, "p_threads") == threads * per_thread
+    run_together(work, 16, "test-pub", timeout=60.0)
+    assert message_count(node, "p_threads") == 16 * 2000
     # One shared connection, not one per thread.
     assert len(nsqd_stats(node)["producers"]) == 1
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -29,6 +30,7 @@ __all__ = [
     "nsq_threads",
     "nsqd_stats",
     "publish",
+    "run_together",
     "topic_stats",
     "wait_drained",
 ]
@@ -147,3 +149,34 @@ def nsq_threads() -> set[threading.Thread]:
         for t in threading.enumerate()
         if t.name.startswith("nsq-") and not t.name.startswith("nsq-embedded")
     }
+
+
+def run_together(
+    work: Callable[[int], None], threads: int, name: str, timeout: float = TIMEOUT * 3
+) -> None:
+    """Run ``work(0)`` ... ``work(threads - 1)`` on as many threads, released at once by a
+    barrier; join them within ``timeout`` seconds and re-raise the first failure.
+
+    AssertionError if a thread is still running after ``timeout``.
+    """
+    barrier = threading.Barrier(threads, timeout=TIMEOUT)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            work(i)
+        except BaseException as exc:  # handed to the calling thread below
+            errors.append(exc)
+
+    workers = [
+        threading.Thread(target=run, args=(i,), name=f"{name}-{i}", daemon=True)
+        for i in range(threads)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout)
+    assert not any(w.is_alive() for w in workers), f"{name} threads still running"
+    if errors:
+        raise AssertionError(f"{len(errors)} of {threads} {name} threads failed") from errors[0]
