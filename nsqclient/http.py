@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import re
-import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -40,7 +39,13 @@ from urllib.parse import urlsplit
 import requests
 
 from .errors import HTTPError
-from .protocol import check_channel_name, check_topic_name, to_bytes
+from .protocol import (
+    check_body_list,
+    check_channel_name,
+    check_topic_name,
+    mpub_payload,
+    to_bytes,
+)
 
 __all__ = [
     "NsqdHTTPClient",
@@ -60,7 +65,6 @@ DEFAULT_TIMEOUT = 5.0
 ACCEPT_V1 = "application/vnd.nsq; version=1.0"
 
 _HEADERS = {"Accept": ACCEPT_V1}
-_U32 = struct.Struct(">I")
 _MAX_TEXT = 500  # characters of a non-JSON error body kept in the exception message
 # youzan builds some V1 error bodies with Sprintf, so a message holding a quote is not JSON.
 _LOOSE_MESSAGE = re.compile(r'^\s*\{\s*"message"\s*:\s*"(.*)"\s*\}\s*$', re.S)
@@ -367,16 +371,9 @@ class NsqdHTTPClient(_Client):
         Returns the reply text (``"OK"``).
         """
         topic = check_topic_name(topic)
-        if isinstance(bodies, bytes | bytearray | memoryview | str):
-            raise TypeError("mpub takes a list of message bodies, not a single body")
-        items = [to_bytes(b) for b in bodies]
-        if not items:
-            raise ValueError("mpub needs at least one message")
-        parts = [_U32.pack(len(items))]
-        for item in items:
-            parts.append(_U32.pack(len(item)))
-            parts.append(item)
-        return self._post("/mpub", {"topic": topic, "binary": "true"}, b"".join(parts), timeout)
+        check_body_list(bodies, "mpub")
+        payload = mpub_payload([to_bytes(b) for b in bodies], "mpub")
+        return self._post("/mpub", {"topic": topic, "binary": "true"}, payload, timeout)
 
     def dpub(
         self, topic: str, body: bytes | str, delay: float, *, timeout: float | None = None

@@ -11,7 +11,7 @@ import functools
 import json
 import re
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .errors import ProtocolError
@@ -253,10 +253,11 @@ def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
     return _line(b"PUB", check_topic_name(topic), *_partition(partition)) + _sized(_body(body))
 
 
-def _mpub_body(bodies: Iterable[bytes]) -> bytes:
-    items = [_body(b) for b in bodies]
+def mpub_payload(items: Sequence[bytes], command: str = "MPUB") -> bytes:
+    """The body of an MPUB (TCP, or HTTP ``/mpub?binary=true``): ``[4B count]([4B size][body])*``
+    of ``items``, already bytes.  ValueError naming ``command`` when there are none."""
     if not items:
-        raise ValueError("MPUB needs at least one message")
+        raise ValueError(f"{command} needs at least one message")
     parts = [_U32.pack(len(items))]
     for item in items:
         parts.append(_U32.pack(len(item)))
@@ -264,16 +265,17 @@ def _mpub_body(bodies: Iterable[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def _check_list(bodies: object, command: str) -> None:
+def check_body_list(bodies: object, command: str) -> None:
+    """TypeError naming ``command`` when one body is given where a list of bodies belongs."""
     if isinstance(bodies, bytes | bytearray | memoryview | str):
         raise TypeError(f"{command} takes a list of message bodies, not a single body")
 
 
 def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
     """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
-    _check_list(bodies, "MPUB")
+    check_body_list(bodies, "MPUB")
     line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
-    return line + _sized(_mpub_body(bodies))
+    return line + _sized(mpub_payload([_body(b) for b in bodies]))
 
 
 def published_count(command: bytes) -> int:
@@ -308,13 +310,13 @@ def mpub_trace(
     topic: str, bodies: Sequence[bytes], trace_ids: Sequence[int], partition: int | None = None
 ) -> bytes:
     """youzan's ``MPUB_TRACE``: an MPUB whose every body is ``[8B trace id][body]``."""
-    _check_list(bodies, "MPUB_TRACE")
+    check_body_list(bodies, "MPUB_TRACE")
     items = [_body(b) for b in bodies]
     if len(trace_ids) != len(items):
         raise ValueError("MPUB_TRACE needs one trace id per message")
     traced = [_U64.pack(_check_trace_id(t)) + b for t, b in zip(trace_ids, items, strict=True)]
     line = _line(b"MPUB_TRACE", check_topic_name(topic), *_partition(partition))
-    return line + _sized(_mpub_body(traced))
+    return line + _sized(mpub_payload(traced))
 
 
 def _ext_payload(body: bytes, ext: dict[str, Any] | bytes) -> bytes:
@@ -339,13 +341,13 @@ def mpub_ext(
     partition: int | None = None,
 ) -> bytes:
     """youzan's ``MPUB_EXT``: an MPUB whose every body is ``[2B ext size][ext json][body]``."""
-    _check_list(bodies, "MPUB_EXT")
+    check_body_list(bodies, "MPUB_EXT")
     items = list(bodies)
     if len(exts) != len(items):
         raise ValueError("MPUB_EXT needs one extension header per message")
     payloads = [_ext_payload(b, e) for b, e in zip(items, exts, strict=True)]
     line = _line(b"MPUB_EXT", check_topic_name(topic), *_partition(partition))
-    return line + _sized(_mpub_body(payloads))
+    return line + _sized(mpub_payload(payloads))
 
 
 # --------------------------------------------------------------------------------------------
