@@ -19,6 +19,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -814,6 +815,29 @@ def test_no_library_thread_survives_stop(nsqd, consumers):
     assert not {t.name for t in nsq_threads() - before}
 
 
+def stopper(holder: list[Consumer], outcome: queue.Queue) -> Callable[..., None]:
+    """A callback (handler or hook) that stops ``holder[0]`` from inside the consumer and puts
+    the outcome on ``outcome``: None, or the exception stop() raised."""
+
+    def stop(*_: Any) -> None:
+        try:
+            holder[0].stop(timeout=2.0)
+        except BaseException as exc:
+            outcome.put(exc)
+        else:
+            outcome.put(None)
+
+    return stop
+
+
+def wait_threads_gone(before: set[threading.Thread]) -> None:
+    wait_for(
+        lambda: not (nsq_threads() - before),
+        TIMEOUT,
+        message=lambda: f"left running: {sorted(t.name for t in nsq_threads() - before)}",
+    )
+
+
 def test_stop_called_from_a_handler(nsqd, consumers):
     """A handler may decide to stop its consumer (pynsq programs do: ``reader.close()``)."""
     node = nsqd.nsqd
@@ -821,27 +845,18 @@ def test_stop_called_from_a_handler(nsqd, consumers):
     publish(node, "c_selfstop", [b"stop"])
     outcome: queue.Queue[BaseException | None] = queue.Queue()
     holder: list[Consumer] = []
-
-    def handler(message: Message) -> None:
-        try:
-            holder[0].stop(timeout=2.0)
-        except BaseException as exc:
-            outcome.put(exc)
-        else:
-            outcome.put(None)
-
     consumer = consumers(
-        "c_selfstop", "ch", handler, start=False, nsqd_tcp_addresses=node.tcp_address
+        "c_selfstop",
+        "ch",
+        stopper(holder, outcome),
+        start=False,
+        nsqd_tcp_addresses=node.tcp_address,
     )
     holder.append(consumer)
     consumer.start()
     assert outcome.get(timeout=TIMEOUT) is None
     assert not consumer.is_running
-    wait_for(
-        lambda: not (nsq_threads() - before),
-        TIMEOUT,
-        message=lambda: f"left running: {sorted(t.name for t in nsq_threads() - before)}",
-    )
+    wait_threads_gone(before)
 
 
 def test_stop_called_from_a_connection_hook(nsqd, consumers):
@@ -849,32 +864,19 @@ def test_stop_called_from_a_connection_hook(nsqd, consumers):
     before = nsq_threads()
     outcome: queue.Queue[BaseException | None] = queue.Queue()
     holder: list[Consumer] = []
-
-    def on_connect(address: str) -> None:
-        try:
-            holder[0].stop(timeout=2.0)
-        except BaseException as exc:
-            outcome.put(exc)
-        else:
-            outcome.put(None)
-
     consumer = consumers(
         "c_hookstop",
         "ch",
         lambda m: None,
         start=False,
         nsqd_tcp_addresses=node.tcp_address,
-        on_connect=on_connect,
+        on_connect=stopper(holder, outcome),
     )
     holder.append(consumer)
     consumer.start()
     assert outcome.get(timeout=TIMEOUT) is None
     assert not consumer.is_running
-    wait_for(
-        lambda: not (nsq_threads() - before),
-        TIMEOUT,
-        message=lambda: f"left running: {sorted(t.name for t in nsq_threads() - before)}",
-    )
+    wait_threads_gone(before)
 
 
 def test_max_in_flight_above_nsqd_max_rdy_count_is_capped(nsq_cluster_factory, consumers):
