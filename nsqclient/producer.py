@@ -227,13 +227,13 @@ class Producer:
                 errors.append(f"{slot.address}: {slot.last_error}")
                 continue
             future = conn.request(command, make_future(), count)
-            if future.done() and not conn.is_connected:
-                # It closed just now, before the command was queued: nothing was sent.
+            if _not_processed(future):
+                # It closed just now, before nsqd took the command: nothing was stored.
                 # One fresh connection to the same nsqd, then the next address.
                 conn = self._connection(slot, deadline)
                 if conn is not None:
                     future = conn.request(command, make_future(), count)
-                if conn is None or (future.done() and not conn.is_connected):
+                if conn is None or _not_processed(future):
                     errors.append(f"{slot.address}: {slot.last_error or future.exception()}")
                     continue
             if isinstance(future, Future):
@@ -296,6 +296,17 @@ class Producer:
             return
         self._pid = os.getpid()
         self._slots = [_Slot(s.address) for s in self._slots]
+
+
+def _not_processed(future: Future | Waiter) -> bool:
+    """True when the request has already failed in a way that proves nsqd did not process it
+    (refused before sending, or queued behind a fatal error), so sending it elsewhere cannot
+    store it twice.  A request written directly may already be answered, even with an error
+    that closes the connection: that answer is the caller's."""
+    if not future.done():
+        return False
+    exc = future.exception()
+    return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
 
 
 def _delay_ms(delay: float) -> int:

@@ -388,6 +388,37 @@ def test_connection_closing_just_before_the_send_is_replaced(nsqd, producers, mo
     assert message_count(node, "p_race") == 2
 
 
+def test_a_fatal_answer_before_request_returns_is_not_resent(
+    nsq_cluster_factory, producers, monkeypatch
+):
+    # A publish on an idle connection is written by the caller, so nsqd may refuse it (and
+    # close the connection) before request() has returned.  That refusal is the publish's
+    # answer; it must not be mistaken for "closed before sending" and sent again.
+    cluster = nsq_cluster_factory(lookupd=False, max_msg_size=1024)
+    node = cluster.nsqd
+    p = producers(node.tcp_address)
+    p.pub("p_fast_refusal", b"warm up")
+    original = Connection.request
+    sent: list[bytes] = []
+
+    def request(self: Connection, command: bytes, future=None, messages: int = 0) -> Future:
+        sent.append(command)
+        future = original(self, command, future, messages)
+        future.exception(TIMEOUT)  # the reader was quicker than this thread
+        wait_for(lambda: not self.is_connected, TIMEOUT)
+        return future
+
+    monkeypatch.setattr(Connection, "request", request)
+    future = p.pub_async("p_fast_refusal", b"z" * 5000)
+    assert isinstance(future.exception(0), BadMessageError)
+    with pytest.raises(BadMessageError):
+        p.pub("p_fast_refusal", b"y" * 5000)
+    assert len(sent) == 2  # each sent once
+    monkeypatch.undo()
+    p.pub("p_fast_refusal", b"after")
+    assert message_count(node, "p_fast_refusal") == 2
+
+
 def test_publishes_go_round_robin(nsq_cluster_factory, producers):
     cluster = nsq_cluster_factory(nsqd_count=2, lookupd=False)
     p = producers([node.tcp_address for node in cluster.nsqds])
