@@ -20,6 +20,8 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check nsqclient tests bench examples
+	$(VENV)/bin/ruff format --check nsqclient tests bench examples
+	$(VENV)/bin/mypy
 
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -W -q -b html docs docs/_build/html
