@@ -268,6 +268,15 @@ OPTIONS: dict[str, Option] = {
             0,
             100,
         ),
+        Option(
+            "exit_flush_timeout",
+            5.0,
+            float,
+            "seconds a Producer that was not closed waits at interpreter exit for the publishes"
+            " it accepted, before it logs how many it could not deliver",
+            0.0,
+            None,
+        ),
     ]
 }
 

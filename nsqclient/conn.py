@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 from . import protocol
 from .config import Config, identify_payload
@@ -51,6 +51,8 @@ __all__ = ["Connection", "ConnectionDelegate", "ConnectionState", "Waiter", "par
 logger = logging.getLogger("nsqclient.conn")
 
 _STOP = object()
+#: what a request's answer is delivered to: a Future, or a Waiter for a blocking caller
+AnyFuture = TypeVar("AnyFuture", Future, "Waiter")
 # Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
 _UNSOLICITED = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
@@ -59,6 +61,12 @@ def parse_address(address: str) -> tuple[str, int]:
     """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming the bad address."""
     if not isinstance(address, str):
         raise TypeError(f"nsqd address must be a 'host:port' str, not {type(address).__name__}")
+    if "://" in address:
+        bare = address.split("://", 1)[1].rstrip("/")
+        raise ValueError(
+            f"invalid nsqd TCP address {address!r}: TCP addresses take no scheme; use {bare!r}"
+            " (http:// addresses are for nsqlookupd and nsqd's HTTP API)"
+        )
     host, sep, port = address.strip().rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -69,8 +77,13 @@ def parse_address(address: str) -> tuple[str, int]:
 
 class Waiter:
     """A one-shot result for a blocking caller: lighter than a concurrent.futures.Future (one
-    pre-acquired lock, released by the reader thread).  Has the part of the Future interface a
-    Connection uses: ``set_result``, ``set_exception``, ``done``."""
+    pre-acquired lock, released once the result is in).  Has the part of the Future interface a
+    Connection uses: ``set_result``, ``set_exception``, ``done``.
+
+    Any number of threads may wait on it: each waiter that gets the lock releases it at once,
+    so the next one gets it too (a publish's answer must reach both ``pub()`` and a ``close()``
+    waiting for it).  The first ``set_*`` wins; later ones are ignored.
+    """
 
     __slots__ = ("_lock", "_result", "_exception", "_done")
 
@@ -85,19 +98,25 @@ class Waiter:
         return self._done
 
     def set_result(self, result: Any) -> None:
+        if self._done:
+            return
         self._result = result
         self._done = True
         self._lock.release()
 
     def set_exception(self, exception: BaseException) -> None:
+        if self._done:
+            return
         self._exception = exception
         self._done = True
         self._lock.release()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait up to ``timeout`` seconds; raise TimeoutError if still not done."""
-        if not self._done and not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            raise TimeoutError
+        if not self._done:
+            if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                raise TimeoutError
+            self._lock.release()  # wake the next waiter, if any
         return self._exception
 
     def result(self, timeout: float | None = None) -> Any:
@@ -163,7 +182,7 @@ class Connection:
         self.pid = os.getpid()
         self._transport: Transport | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: list[Future] = []  # used as a FIFO; popped from the front
+        self._pending: list[Future | Waiter] = []  # used as a FIFO; popped from the front
         self._pending_head = 0
         self._lock = threading.Lock()
         # Held by whoever writes the socket: the writer thread or a caller writing directly.
@@ -205,8 +224,13 @@ class Connection:
 
     # ---------------------------------------------------------------- handshake
 
-    def connect(self) -> None:
+    def connect(self, deadline: float | None = None) -> None:
         """Dial, handshake, start the reader and writer threads.
+
+        The dial is bounded by ``dial_timeout`` and the whole handshake (magic, IDENTIFY, TLS
+        and compression upgrades, AUTH) by ``handshake_timeout``, whatever the peer does
+        (a peer dripping one byte a second included).  ``deadline``, a ``time.monotonic()``
+        value, bounds both together when it comes first (a publish's own timeout).
 
         Raises:
             NSQError (or a subclass: ServerError, AuthRequiredError, ProtocolError,
@@ -218,26 +242,49 @@ class Connection:
         self._set_state(ConnectionState.CONNECTING)
         cfg = self.config
         sock = None
+        watchdog: threading.Timer | None = None
+        expired = threading.Event()
+        handshake_timeout = cfg.handshake_timeout
         try:
+            dial_timeout = cfg.dial_timeout
+            if deadline is not None:
+                dial_timeout = min(dial_timeout, max(deadline - time.monotonic(), 0.001))
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=cfg.dial_timeout)
+                sock = socket.create_connection((self.host, self.port), timeout=dial_timeout)
             except TimeoutError as exc:
                 raise NSQTimeoutError(
-                    f"connecting to {self.address} took longer than {cfg.dial_timeout}s"
+                    f"connecting to {self.address} took longer than {dial_timeout:g}s"
                 ) from exc
             self._sock = sock
             if self._abort.is_set():
                 raise ConnectionClosedError(f"connecting to {self.address} was aborted")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if deadline is not None:
+                handshake_timeout = min(handshake_timeout, max(deadline - time.monotonic(), 0.0))
+
+            def expire() -> None:
+                expired.set()
+                self._shutdown_socket()
+
+            # Each read below has its own socket timeout; the watchdog bounds them all together.
+            watchdog = threading.Timer(handshake_timeout, expire)
+            watchdog.name = f"nsq-handshake-{self.address}"
+            watchdog.daemon = True
+            watchdog.start()
             self._transport = Transport(sock)
-            self._transport.settimeout(cfg.handshake_timeout)
+            self._transport.settimeout(max(handshake_timeout, 0.001))
             self._handshake()
             self._transport.set_timeouts(self._read_deadline(), cfg.write_timeout)
             # TLS may need to send records while reading; the reader never writes.
             self._transport.set_output_callback(lambda: self._queue.put(b""))
             if self._abort.is_set():
                 raise ConnectionClosedError(f"connecting to {self.address} was aborted")
+            watchdog.cancel()
+            if expired.is_set():
+                raise NSQTimeoutError("expired")
         except BaseException as exc:
+            if watchdog is not None:
+                watchdog.cancel()
             self.close_reason = exc
             self._set_state(ConnectionState.CLOSED)
             self._closed_event.set()
@@ -245,9 +292,18 @@ class Connection:
                 self._transport.close()
             elif sock is not None:
                 sock.close()
-            if isinstance(exc, TimeoutError) and not isinstance(exc, NSQError):
-                raise NSQTimeoutError(f"handshake with {self.address} timed out") from exc
+            timed_out = isinstance(exc, TimeoutError) and not isinstance(exc, NSQError)
+            if expired.is_set() or timed_out:
+                timeout_exc = NSQTimeoutError(
+                    f"handshake with {self.address} timed out after {handshake_timeout:g}s"
+                    " (handshake_timeout)"
+                )
+                self.close_reason = timeout_exc
+                raise timeout_exc from exc
             raise
+        finally:
+            if watchdog is not None:
+                watchdog.join()
         self._set_state(ConnectionState.CONNECTED)
         self._reader = threading.Thread(
             target=self._read_loop, name=f"nsq-reader-{self.address}", daemon=True
@@ -278,6 +334,9 @@ class Connection:
         shut down) instead of waiting out a handshake that a hung nsqd never answers.  The
         dial itself is bounded by ``dial_timeout``."""
         self._abort.set()
+        self._shutdown_socket()
+
+    def _shutdown_socket(self) -> None:
         sock = self._sock
         if sock is not None:
             try:
@@ -394,6 +453,12 @@ class Connection:
             raise ConnectionClosedError(f"connection to {self.address} is closed")
         self._queue.put(command)
 
+    @overload
+    def request(self, command: bytes, future: None = None, messages: int = 0) -> Future: ...
+
+    @overload
+    def request(self, command: bytes, future: AnyFuture, messages: int = 0) -> AnyFuture: ...
+
     def request(
         self, command: bytes, future: Future | Waiter | None = None, messages: int = 0
     ) -> Future | Waiter:
@@ -443,7 +508,12 @@ class Connection:
         with self._lock:
             return len(self._pending) - self._pending_head
 
-    def _pop_pending(self) -> Future | None:
+    def pending_requests(self) -> list[Future | Waiter]:
+        """The futures of the requests sent and not answered yet, oldest first."""
+        with self._lock:
+            return self._pending[self._pending_head :]
+
+    def _pop_pending(self) -> Future | Waiter | None:
         with self._lock:
             if self._pending_head >= len(self._pending):
                 return None
@@ -550,9 +620,10 @@ class Connection:
             return
         error = error_from_frame(data)
         if error.code in _UNSOLICITED:
-            logger.warning("%s: %s", self.address, error)
             if self.delegate is not None:
-                self.delegate.on_server_error(self, error)
+                self.delegate.on_server_error(self, error)  # the delegate reports it
+            else:
+                logger.warning("%s: %s", self.address, error)
             return
         future = self._pop_pending()
         if future is not None and not future.done():

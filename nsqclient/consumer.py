@@ -58,6 +58,43 @@ class _ConnInfo:
         self.first_message = True
 
 
+class _Delegate:
+    """What a Connection and a Message call back (see :class:`~nsqclient.conn.ConnectionDelegate`
+    and :class:`~nsqclient.message.MessageResponder`), kept off the Consumer's public face."""
+
+    __slots__ = ("_consumer",)
+
+    def __init__(self, consumer: Consumer):
+        self._consumer = consumer
+
+    def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
+        self._consumer._on_message(conn, decoded)
+
+    def on_server_error(self, conn: Connection, error: ServerError) -> None:
+        self._consumer._on_server_error(conn, error)
+
+    def on_close(self, conn: Connection, reason: BaseException | None) -> None:
+        self._consumer._on_close(conn, reason)
+
+    def finish_message(self, message: Message) -> None:
+        self._consumer._finish_message(message)
+
+    def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
+        self._consumer._requeue_message(message, delay, backoff)
+
+    def touch_message(self, message: Message) -> None:
+        self._consumer._touch_message(message)
+
+
+#: Unsolicited errors nsqd sends for a FIN/REQ/TOUCH it could not apply, and the counters
+#: they move: (counted apart, taken back from).
+_ANSWER_FAILED = {
+    "E_FIN_FAILED": ("finish_failed", "finished"),
+    "E_REQ_FAILED": ("requeue_failed", "requeued"),
+    "E_TOUCH_FAILED": ("touch_failed", None),
+}
+
+
 class Consumer:
     """Consume ``topic``/``channel`` with ``handler``.
 
@@ -121,6 +158,8 @@ class Consumer:
         self._reconnect_at: dict[str, float] = {}
         self._reconnect_failures: dict[str, int] = {}
         self._lookupd_found: set[str] = set()
+        self._connect_threads: set[threading.Thread] = set()
+        self._delegate = _Delegate(self)
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._rdy_wake = threading.Event()
@@ -128,6 +167,8 @@ class Consumer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_requested = threading.Event()
+        #: set by a second SIGINT/SIGTERM during run()'s drain: requeue and go now
+        self._force_stop = threading.Event()
         self._stop_lock = threading.Lock()
         self._idle = threading.Event()
         self._started = False
@@ -135,6 +176,8 @@ class Consumer:
         self._workers: list[threading.Thread] = []
         #: per worker: is it running a handler (each slot written only by its worker)
         self._busy: list[bool] = []
+        #: per worker: the message its handler is running on (None when idle)
+        self._current: list[Message | None] = []
         self._backoff = BackoffState(
             self.config.backoff_multiplier,
             self.config.max_backoff_duration,
@@ -147,6 +190,9 @@ class Consumer:
             "given_up": 0,
             "timed_out_locally": 0,
             "handler_errors": 0,
+            "finish_failed": 0,
+            "requeue_failed": 0,
+            "touch_failed": 0,
         }
 
     def __repr__(self) -> str:
@@ -164,6 +210,7 @@ class Consumer:
             self._reconnect_at[address] = now
         tag = f"{self.topic}/{self.channel}"
         self._busy = [False] * self.config.concurrency
+        self._current = [None] * self.config.concurrency
         for i in range(self.config.concurrency):
             t = threading.Thread(
                 target=self._work_loop, args=(i,), name=f"nsq-worker-{tag}-{i}", daemon=True
@@ -178,20 +225,46 @@ class Consumer:
 
     def run(self) -> None:
         """Start, then block until SIGINT/SIGTERM (when called from the main thread) or
-        :meth:`stop` from another thread; stops cleanly before returning."""
+        :meth:`stop` from another thread; stops cleanly before returning.
+
+        The first signal drains: handlers finish the messages already received (see
+        :meth:`stop`).  A second signal stops at once: every message not yet answered is
+        requeued (REQ, no delay), handlers still running are abandoned, and run() returns
+        without a traceback."""
         installed = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                installed[sig] = signal.signal(sig, lambda *_: self._stop_requested.set())
+                installed[sig] = signal.signal(sig, self._on_signal)
         try:
             if not self._started:
                 self.start()
             while not self._stop_requested.wait(0.5) and not self._stopped.is_set():
                 pass
+            self.stop()
         finally:
             for sig, previous in installed.items():
                 signal.signal(sig, previous)
-            self.stop()
+            if not self._stopped.is_set():
+                self.stop()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if not self._stop_requested.is_set():
+            self._stop_requested.set()
+            logger.info(
+                "%s: stopping; draining %d messages in flight (send %s again to stop now and"
+                " requeue them)",
+                name,
+                self._in_flight(),
+                name,
+            )
+        elif not self._force_stop.is_set():
+            self._force_stop.set()
+            logger.warning("second %s: stopping now; requeueing what is not answered", name)
+
+    def _in_flight(self) -> int:
+        with self._lock:
+            return sum(i.conn.in_flight for i in self._conns.values())
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop: CLS every connection (nsqd sends nothing more), stop discovery and reconnects,
@@ -218,9 +291,10 @@ class Consumer:
         self._rdy_wake.set()
         with self._lock:
             dialing = list(self._connecting.values())
+            connecting = list(self._connect_threads)
         for conn in dialing:
             conn.abort_connect()  # a hung nsqd may never answer the handshake
-        for t in self._threads:
+        for t in [*self._threads, *connecting]:
             if t is not current:
                 t.join(max(deadline - time.monotonic(), 0.1))
         with self._lock:
@@ -238,18 +312,21 @@ class Consumer:
                 pass
         # Let the workers drain what was received (a handler calling stop() is one of them).
         own = self._workers.index(current) if current in self._workers else -1
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._force_stop.is_set():
             busy = any(b for i, b in enumerate(self._busy) if i != own)
             if not busy and self._work.empty():
                 break
             self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
+        forced = self._force_stop.is_set()
+        if forced:
+            self._requeue_running(own)
         self._requeue_unstarted()
         for _ in self._workers:
             self._work.put(_STOP)
         for t in self._workers:
             if t is current:
                 continue
-            t.join(max(deadline - time.monotonic(), 0.1))
+            t.join(0.0 if forced else max(deadline - time.monotonic(), 0.1))
             if t.is_alive():
                 logger.warning("%s still runs a handler after stop(); leaving it", t.name)
         with self._lock:
@@ -260,6 +337,13 @@ class Consumer:
             lookupd.close()
         self._drain_events()
         self._stopped.set()
+
+    def _requeue_running(self, own: int) -> None:
+        """Forced stop: hand back the messages handlers are still working on (what those
+        handlers answer later is ignored, as for any message answered twice)."""
+        for i, message in enumerate(list(self._current)):
+            if i != own and message is not None and not message.has_responded():
+                message.requeue(delay=0, backoff=False)
 
     def _wait_idle(self, seconds: float) -> None:
         # Woken early by a worker finishing a message (see _work_loop).
@@ -323,20 +407,21 @@ class Consumer:
         cfg = self.config
         next_poll = time.monotonic() if self._lookupds else float("inf")
         while not self._stopping.is_set():
-            now = time.monotonic()
-            self._drain_events()
-            if now >= next_poll:
-                self._query_lookupds()
-                jitter = random.random() * cfg.lookupd_poll_jitter * cfg.lookupd_poll_interval
-                next_poll = time.monotonic() + cfg.lookupd_poll_interval + jitter
-            for address in self._due_reconnects(time.monotonic()):
-                if self._stopping.is_set():
-                    break
-                self._connect(address, direct=address in self.nsqd_tcp_addresses)
-            with self._lock:
-                pending = list(self._reconnect_at.values())
-            wake_at = min([next_poll, *pending], default=next_poll)
-            wait = min(max(wake_at - time.monotonic(), 0.0), 1.0)
+            wait = 1.0
+            try:
+                self._drain_events()
+                if time.monotonic() >= next_poll:
+                    jitter = random.random() * cfg.lookupd_poll_jitter * cfg.lookupd_poll_interval
+                    next_poll = time.monotonic() + cfg.lookupd_poll_interval + jitter
+                    self._query_lookupds()
+                for address in self._due_reconnects(time.monotonic()):
+                    self._start_connect(address, direct=address in self.nsqd_tcp_addresses)
+                with self._lock:
+                    pending = list(self._reconnect_at.values())
+                wake_at = min([next_poll, *pending], default=next_poll)
+                wait = min(max(wake_at - time.monotonic(), 0.0), 1.0)
+            except Exception:
+                logger.exception("unexpected error in discovery; it goes on")
             if self._discovery_wake.wait(wait):
                 self._discovery_wake.clear()
 
@@ -367,16 +452,40 @@ class Consumer:
             self._lookupd_found = found
             new = [a for a in found if a not in self._conns and a not in self._connecting]
         for address in sorted(new):
-            if self._stopping.is_set():
-                return
-            self._connect(address, direct=False)
+            self._start_connect(address, direct=False)
 
-    def _connect(self, address: str, direct: bool) -> None:
+    def _start_connect(self, address: str, direct: bool) -> None:
+        """Connect to ``address`` on a thread of its own, so that a slow or hung nsqd never
+        delays connecting to the others."""
         with self._lock:
-            if address in self._conns or address in self._connecting:
+            if self._stopping.is_set() or address in self._conns or address in self._connecting:
                 return
-            conn = Connection(address, self.config, delegate=self)
+            conn = Connection(address, self.config, delegate=self._delegate)
             self._connecting[address] = conn
+            thread = threading.Thread(
+                target=self._connect,
+                args=(conn, direct),
+                name=f"nsq-connect-{address}",
+                daemon=True,
+            )
+            self._connect_threads.add(thread)
+        thread.start()
+
+    def _connect(self, conn: Connection, direct: bool) -> None:
+        try:
+            self._subscribe(conn, direct)
+        except Exception as exc:
+            logger.exception("unexpected error connecting to %s", conn.address)
+            conn.close(0.5)
+            with self._lock:
+                self._connecting.pop(conn.address, None)
+            self._schedule_reconnect(conn.address, direct, exc)
+        finally:
+            with self._lock:
+                self._connect_threads.discard(threading.current_thread())
+
+    def _subscribe(self, conn: Connection, direct: bool) -> None:
+        address = conn.address
         try:
             conn.connect()
             conn.request(protocol.sub(self.topic, self.channel)).result(
@@ -436,11 +545,10 @@ class Consumer:
             logger.exception("connection hook %r failed", hook)
 
     # ================================================================ connection delegate
-    # (these run on a connection's reader thread: quick, never user code)
+    # (via _Delegate; these run on a connection's reader thread: quick, never user code)
 
-    def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
-        message = Message(decoded, responder=self, nsqd_address=conn.address)
-        message._conn = conn
+    def _on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
+        message = Message(decoded, responder=self._delegate, nsqd_address=conn.address, conn=conn)
         with self._lock:
             self._stats["received"] += 1
             info = self._conns.get(conn.address)
@@ -462,10 +570,23 @@ class Consumer:
                     self._rdy_wake.set()
         self._work.put((conn, message))
 
-    def on_server_error(self, conn: Connection, error: ServerError) -> None:
+    def _on_server_error(self, conn: Connection, error: ServerError) -> None:
+        counters = _ANSWER_FAILED.get(error.code)
+        if counters is not None:
+            failed, taken_back = counters
+            with self._lock:
+                self._stats[failed] += 1
+                if taken_back is not None:
+                    self._stats[taken_back] -= 1
+            logger.warning(
+                "nsqd %s: %s (the message had probably timed out and been redelivered)",
+                conn.address,
+                error,
+            )
+            return
         logger.warning("nsqd %s: %s", conn.address, error)
 
-    def on_close(self, conn: Connection, reason: BaseException | None) -> None:
+    def _on_close(self, conn: Connection, reason: BaseException | None) -> None:
         with self._lock:
             info = self._conns.get(conn.address)
             if info is None or info.conn is not conn:
@@ -540,7 +661,11 @@ class Consumer:
 
     def _rdy_loop(self) -> None:
         while True:
-            wait = self._rebalance()
+            try:
+                wait = self._rebalance()
+            except Exception:
+                logger.exception("unexpected error balancing RDY; it goes on")
+                wait = self.config.rdy_redistribute_interval
             if self._stopping.is_set():
                 return
             if self._rdy_wake.wait(wait):
@@ -550,14 +675,19 @@ class Consumer:
 
     def _work_loop(self, index: int) -> None:
         busy = self._busy
+        current = self._current
         while True:
             item = self._work.get()
             if item is _STOP:
                 return
             busy[index] = True
+            current[index] = item[1]
             try:
                 self._handle(*item)
+            except Exception:
+                logger.exception("unexpected error handling message %r", item[1].id)
             finally:
+                current[index] = None
                 busy[index] = False
                 if self._stopping.is_set():
                     self._idle.set()
@@ -613,10 +743,11 @@ class Consumer:
                 conn.msg_timeout,
             )
 
-    # ================================================================ MessageResponder
+    # ======================================================== MessageResponder (via _Delegate)
 
     def _answered(self, message: Message, counter: str, success: bool | None) -> None:
-        conn: Connection = message._conn
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
         with self._lock:
             self._stats[counter] += 1
             if conn.in_flight > 0:
@@ -627,16 +758,18 @@ class Consumer:
                     logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
                     self._rdy_wake.set()
 
-    def finish_message(self, message: Message) -> None:
-        conn: Connection = message._conn
+    def _finish_message(self, message: Message) -> None:
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
         try:
             conn.send(protocol.fin(message.id))
         except NSQError:
             logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
         self._answered(message, "finished", True)
 
-    def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
-        conn: Connection = message._conn
+    def _requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
         cfg = self.config
         if delay is None:
             delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
@@ -646,8 +779,9 @@ class Consumer:
             logger.debug("cannot REQ %r: connection closed; nsqd will redeliver it", message.id)
         self._answered(message, "requeued", False if backoff else None)
 
-    def touch_message(self, message: Message) -> None:
-        conn: Connection = message._conn
+    def _touch_message(self, message: Message) -> None:
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
         try:
             conn.send(protocol.touch(message.id))
         except NSQError:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .protocol import DecodedMessage
+
+if TYPE_CHECKING:
+    from .conn import Connection
 
 __all__ = ["Message", "MessageResponder", "RequeueMessage"]
 
@@ -89,6 +92,7 @@ class Message:
         responder: MessageResponder | None = None,
         nsqd_address: str = "",
         partition: int | None = None,
+        conn: Connection | None = None,
     ):
         if not isinstance(decoded, DecodedMessage):
             # pynsq's form: Message(id, body, timestamp, attempts)
@@ -109,7 +113,7 @@ class Message:
         #: monotonic time of the last touch() (None: never touched)
         self.touched_at: float | None = None
         self._responder = responder
-        self._conn = None  # the Connection it arrived on (set by the consumer)
+        self._conn = conn  # the Connection it arrived on
         self._responded = False
         self._async = False
 

@@ -19,6 +19,7 @@ Guarantees, stated plainly:
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import Any
 from . import protocol
 from .backoff import reconnect_delay
 from .config import Config
-from .conn import Connection, Waiter, parse_address
+from .conn import AnyFuture, Connection, Waiter, parse_address
 from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
 
 __all__ = ["Producer"]
@@ -50,18 +51,67 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def _flush_at_exit() -> None:
+    """At interpreter exit, deliver what every unclosed Producer accepted (see
+    :meth:`Producer.close`); the connection threads are daemons and would die with it."""
+    for producer in list(_producers):
+        if not producer.closed and producer._pid == os.getpid():
+            producer._close_at_exit()
+
+
+atexit.register(_flush_at_exit)
+
+#: Counters summed over every connection a slot has had (see Producer.stats).
+_CUMULATIVE = ("messages_sent", "bytes_in", "bytes_out")
+
+
 class _Slot:
     """One nsqd address of the pool and its (lazily made) connection."""
 
-    __slots__ = ("address", "conn", "lock", "failures", "down_until", "last_error")
+    __slots__ = (
+        "address",
+        "conn",
+        "lock",
+        "failures",
+        "down_until",
+        "last_error",
+        "down_since",
+        "skipped",
+        "connects",
+        "totals",
+    )
 
     def __init__(self, address: str):
         self.address = address
         self.conn: Connection | None = None
         self.lock = threading.Lock()
+        #: consecutive failed connection attempts (0 while connected)
         self.failures = 0
         self.down_until = 0.0
         self.last_error: BaseException | None = None
+        #: monotonic time the current outage began (None: not in an outage)
+        self.down_since: float | None = None
+        #: publishes that could not use this address during the current outage
+        self.skipped = 0
+        #: connections made to this address
+        self.connects = 0
+        #: _CUMULATIVE counters of the connections this slot had before the current one
+        self.totals = dict.fromkeys(_CUMULATIVE, 0)
+
+    def retire(self, conn: Connection) -> None:
+        """Fold a connection that is being replaced or closed into the slot's totals."""
+        stats = conn.stats()
+        for key in _CUMULATIVE:
+            self.totals[key] += stats[key]
+
+    def counters(self) -> dict[str, int]:
+        """The _CUMULATIVE counters over every connection this slot has had."""
+        out = dict(self.totals)
+        if self.conn is not None:
+            stats = self.conn.stats()
+            for key in _CUMULATIVE:
+                out[key] += stats[key]
+        return out
 
 
 class Producer:
@@ -131,46 +181,113 @@ class Producer:
     def pub_async(self, topic: str, body: bytes | str) -> Future:
         """Publish without waiting; the Future resolves to nsqd's answer (``b"OK"``) or fails
         with the error :meth:`pub` would raise.  Bad input raises here, at once."""
-        return self._submit(protocol.pub(topic, body))
+        return self._submit(protocol.pub(topic, body), None, Future)
 
     def mpub_async(self, topic: str, bodies: Sequence[bytes | str]) -> Future:
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
-        return self._submit(protocol.mpub(topic, bodies))
+        return self._submit(protocol.mpub(topic, bodies), None, Future)
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
         """:meth:`dpub` without waiting; see :meth:`pub_async`."""
-        return self._submit(protocol.dpub(topic, _delay_ms(delay), body))
+        return self._submit(protocol.dpub(topic, _delay_ms(delay), body), None, Future)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every publish accepted so far (``pub_async`` ones included) has nsqd's
+        answer or has failed; ``timeout`` in seconds (default: ``pub_timeout``).
+
+        Raises:
+            NSQTimeoutError: some publishes were still unanswered after ``timeout``; it says
+            how many.  They stay in flight: their futures resolve later.
+        """
+        timeout = self.config.pub_timeout if timeout is None else timeout
+        unanswered, _ = self._wait_answered(time.monotonic() + timeout)
+        if unanswered:
+            raise NSQTimeoutError(
+                f"{unanswered} publishes still without nsqd's answer after {timeout:g}s"
+            )
 
     def close(self, timeout: float = 5.0) -> None:
         """Wait up to ``timeout`` seconds for publishes in flight, then close every connection.
-        Publishing afterwards raises ConnectionClosedError."""
+        Publishing afterwards raises ConnectionClosedError.
+
+        A Producer that was never closed is closed at interpreter exit: it waits up to the
+        ``exit_flush_timeout`` option (seconds) for what it accepted, and logs an ERROR naming
+        how many publishes it could not deliver."""
         self._closed = True
         deadline = time.monotonic() + timeout
         for slot in self._slots:
             with slot.lock:
                 conn, slot.conn = slot.conn, None
+                if conn is not None:
+                    slot.retire(conn)
             if conn is not None and conn.pid == os.getpid():
                 conn.close(max(deadline - time.monotonic(), 0.0))
+
+    def _wait_answered(self, deadline: float) -> tuple[int, int]:
+        """Wait until ``deadline`` for the requests in flight now; return (still unanswered,
+        failed)."""
+        pending = []
+        for slot in self._slots:
+            conn = slot.conn
+            if conn is not None and conn.pid == os.getpid():
+                pending.extend(conn.pending_requests())
+        unanswered = failed = 0
+        for future in pending:
+            try:
+                if future.exception(timeout=max(deadline - time.monotonic(), 0.0)) is not None:
+                    failed += 1
+            except TimeoutError:
+                unanswered += 1
+        return unanswered, failed
+
+    def _close_at_exit(self) -> None:
+        timeout = self.config.exit_flush_timeout
+        unanswered, failed = self._wait_answered(time.monotonic() + timeout)
+        if unanswered or failed:
+            logger.error(
+                "Producer %s was not closed before exit: %d publishes could not be delivered"
+                " (%d without an answer after exit_flush_timeout=%gs, %d failed); call"
+                " close() or flush() before exiting",
+                [s.address for s in self._slots],
+                unanswered + failed,
+                unanswered,
+                timeout,
+                failed,
+            )
+        self.close(timeout=0.0)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def stats(self) -> list[dict[str, Any]]:
-        """Per-address state: connection stats, consecutive failures, last error."""
-        out = []
+    def stats(self) -> dict[str, Any]:
+        """Counters for the Producer's whole life, and one entry per nsqd address.
+
+        Returns a dict: ``messages_sent`` (messages in the PUB/MPUB/DPUB written), ``bytes_in``,
+        ``bytes_out`` and ``connects``, summed over every connection it has had (they survive
+        reconnects), and ``nsqd``: a list with, per address, the same cumulative counters,
+        ``connected``, ``failures`` (consecutive failed connection attempts), ``last_error``
+        and ``connection`` (the current connection's own figures, or None).
+        """
+        entries = []
+        totals = dict.fromkeys((*_CUMULATIVE, "connects"), 0)
         for slot in self._slots:
             conn = slot.conn
-            entry: dict[str, Any] = {
-                "address": slot.address,
-                "connected": bool(conn and conn.is_connected),
-                "failures": slot.failures,
-                "last_error": repr(slot.last_error) if slot.last_error else None,
-            }
-            if conn is not None:
-                entry.update(conn.stats())
-            out.append(entry)
-        return out
+            counters = slot.counters()
+            counters["connects"] = slot.connects
+            for key, value in counters.items():
+                totals[key] += value
+            entries.append(
+                {
+                    "address": slot.address,
+                    "connected": bool(conn and conn.is_connected),
+                    "failures": slot.failures,
+                    "last_error": repr(slot.last_error) if slot.last_error else None,
+                    **counters,
+                    "connection": conn.stats() if conn is not None else None,
+                }
+            )
+        return {**totals, "nsqd": entries}
 
     # ---------------------------------------------------------------- internals
 
@@ -205,9 +322,9 @@ class Producer:
     def _submit(
         self,
         command: bytes,
-        deadline: float | None = None,
-        make_future: Callable[[], Future | Waiter] = Future,
-    ) -> Future | Waiter:
+        deadline: float | None,
+        make_future: Callable[[], AnyFuture],
+    ) -> AnyFuture:
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
@@ -224,6 +341,7 @@ class Producer:
         for slot in slots:
             conn = self._connection(slot, deadline)
             if conn is None:
+                slot.skipped += 1
                 errors.append(f"{slot.address}: {slot.last_error}")
                 continue
             future = conn.request(command, make_future(), count)
@@ -264,30 +382,48 @@ class Producer:
             return conn
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        config = self.config
-        if deadline is not None:
-            remaining = max(deadline - time.monotonic(), 0.01)
-            if remaining < config.dial_timeout + config.handshake_timeout:
-                config = config.replace(
-                    dial_timeout=min(config.dial_timeout, remaining),
-                    handshake_timeout=min(config.handshake_timeout, remaining),
-                )
-        conn = Connection(slot.address, config)
+        if conn is not None:
+            slot.retire(conn)
+            slot.conn = None
+        conn = Connection(slot.address, self.config)
         try:
-            conn.connect()
+            conn.connect(deadline)
         except (OSError, NSQError) as exc:
-            slot.failures += 1
-            slot.last_error = exc
-            delay = reconnect_delay(
-                slot.failures, self.config.reconnect_interval, self.config.max_reconnect_interval
-            )
-            slot.down_until = time.monotonic() + delay
-            logger.warning("cannot connect to nsqd %s: %s", slot.address, exc)
+            self._connect_failed(slot, exc)
             return None
+        if slot.down_since is not None:
+            logger.warning(
+                "nsqd %s is reachable again after %.1fs; %d publishes could not use it meanwhile",
+                slot.address,
+                time.monotonic() - slot.down_since,
+                slot.skipped,
+            )
         slot.failures = 0
         slot.down_until = 0.0
+        slot.down_since = None
+        slot.skipped = 0
+        slot.connects += 1
         slot.conn = conn
         return conn
+
+    def _connect_failed(self, slot: _Slot, exc: BaseException) -> None:
+        """Record a failed connection attempt; log it once per outage (DEBUG afterwards)."""
+        slot.failures += 1
+        slot.last_error = exc
+        delay = reconnect_delay(
+            slot.failures, self.config.reconnect_interval, self.config.max_reconnect_interval
+        )
+        slot.down_until = time.monotonic() + delay
+        if slot.down_since is None:
+            slot.down_since = time.monotonic()
+            logger.warning(
+                "cannot connect to nsqd %s: %s (said once per outage; publishes to it fail"
+                " over or raise until it is back)",
+                slot.address,
+                exc,
+            )
+        else:
+            logger.debug("still cannot connect to nsqd %s: %s", slot.address, exc)
 
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections (their threads did not survive

@@ -191,7 +191,7 @@ def test_bad_input_fails_before_anything_is_sent(name, error, call, listener):
         with pytest.raises(error):
             call(p)
         assert nobody_connected(listener)
-        assert p.stats()[0]["connected"] is False
+        assert p.stats()["nsqd"][0]["connected"] is False
     finally:
         p.close(timeout=1.0)
 
@@ -201,7 +201,7 @@ def test_invalid_topic_is_refused_and_the_server_sees_no_client(nsqd, producers)
     p = producers(node.tcp_address)
     with pytest.raises(ValueError, match="topic"):
         p.pub("no spaces allowed", b"x")
-    assert p.stats()[0]["connected"] is False
+    assert p.stats()["nsqd"][0]["connected"] is False
     assert not nsqd_stats(node).get("producers")
     assert not nsqd_stats(node).get("topics")
 
@@ -294,9 +294,10 @@ def test_stats_count_published_messages(nsqd, producers):
     p.mpub("p_stats", [b"2", b"3", b"4"])
     p.pub_async("p_stats", b"5").result(TIMEOUT)
     p.dpub("p_stats", b"6", delay=0.0)
-    [entry] = p.stats()
-    assert entry["messages_sent"] == 6
-    assert entry["connected"] is True and entry["pending_requests"] == 0
+    stats = p.stats()
+    [entry] = stats["nsqd"]
+    assert stats["messages_sent"] == entry["messages_sent"] == 6
+    assert entry["connected"] is True and entry["connection"]["pending_requests"] == 0
 
 
 def test_many_threads_every_publish_accounted_for(nsqd, producers):
@@ -459,14 +460,14 @@ def test_reconnect_after_restart(nsq_cluster_factory, producers):
     p = producers(node.tcp_address)
     p.pub("p_restart", b"before")
     cluster.stop_nsqd(0)
-    wait_for(lambda: not p.stats()[0]["connected"], TIMEOUT)
+    wait_for(lambda: not p.stats()["nsqd"][0]["connected"], TIMEOUT)
     with pytest.raises(ConnectionClosedError):
         p.pub("p_restart", b"while down")
     cluster.start_nsqd(0)
     p.pub("p_restart", b"after")
     p.mpub("p_restart", [b"after 2", b"after 3"])
     assert depth(node, "p_restart") == 4
-    assert p.stats()[0]["connected"] is True
+    assert p.stats()["nsqd"][0]["connected"] is True
 
 
 def test_close_then_publish_raises(nsqd, producers):
@@ -606,10 +607,10 @@ def test_idle_producer_keeps_its_connection_through_heartbeats(nsqd, producers):
     p = producers(node.tcp_address, heartbeat_interval=1.0)
     p.pub("p_idle", b"x")
     first = nsqd_stats(node)["producers"]
-    sent = p.stats()[0]["bytes_out"]
-    wait_for(lambda: p.stats()[0]["bytes_out"] >= sent + 3 * len(b"NOP\n"), TIMEOUT)
+    sent = p.stats()["nsqd"][0]["bytes_out"]
+    wait_for(lambda: p.stats()["nsqd"][0]["bytes_out"] >= sent + 3 * len(b"NOP\n"), TIMEOUT)
     p.pub("p_idle", b"y")
-    [entry] = p.stats()
+    [entry] = p.stats()["nsqd"]
     assert entry["connected"] and entry["failures"] == 0
     assert [c["remote_address"] for c in nsqd_stats(node)["producers"]] == [
         c["remote_address"] for c in first
