@@ -139,7 +139,9 @@ class ConnectionState(enum.Enum):
 class ConnectionDelegate(Protocol):
     """What a Connection tells its owner.  These methods run on the reader thread and must not
     block.  A delegate may also have ``on_state_change(conn, old, new)`` (optional), called on
-    whichever thread moved the connection from one :class:`ConnectionState` to the next."""
+    whichever thread moved the connection from one :class:`ConnectionState` to the next, and
+    ``on_messages(conn, messages)`` (optional), which takes every message of one socket read at
+    once, in order, instead of one ``on_message`` call each."""
 
     def on_message(self, conn: Connection, message: DecodedMessage) -> None: ...
 
@@ -573,6 +575,7 @@ class Connection:
         assert transport is not None
         frames = FrameReader(self.config.max_frame_size)
         reason: BaseException | None = None
+        message_type = protocol.FRAME_TYPE_MESSAGE
         try:
             while True:
                 data = transport.recv(262144)
@@ -580,8 +583,14 @@ class Connection:
                     if self.state is not ConnectionState.CLOSING:
                         reason = ConnectionClosedError(f"{self.address} closed the connection")
                     break
+                messages = []
                 for frame in frames.feed(data):
-                    self._dispatch(frame)
+                    if frame[0] == message_type:
+                        messages.append(frame[1])
+                    else:
+                        self._dispatch(frame)
+                if messages:
+                    self._deliver(messages)
         except TimeoutError:
             reason = NSQTimeoutError(
                 f"no data from {self.address} for {self._read_deadline():.1f}s "
@@ -597,16 +606,29 @@ class Connection:
             # What nsqd said beats a failed write, which beats what the reader saw last.
             self._finish_close(self._fatal_error or self._write_error or reason)
 
+    def _deliver(self, payloads: list[bytes]) -> None:
+        """Decode the message frames of one read and hand them to the delegate: all at once
+        to ``on_messages(conn, decoded_list)`` when it has one, else one by one."""
+        self.messages_received += len(payloads)
+        self.last_message_at = time.monotonic()
+        decode = protocol.decode_message
+        youzan, extended, ordered = self.config.youzan, self.extended, self.ordered
+        decoded = [decode(p, youzan=youzan, extended=extended, ordered=ordered) for p in payloads]
+        delegate = self.delegate
+        if delegate is None:
+            return
+        on_messages = getattr(delegate, "on_messages", None)
+        if on_messages is not None:
+            on_messages(self, decoded)
+        else:
+            for message in decoded:
+                delegate.on_message(self, message)
+
     def _dispatch(self, frame: protocol.Frame) -> None:
+        """A response or error frame (messages go to :meth:`_deliver`)."""
         ftype, data = frame
         if ftype == protocol.FRAME_TYPE_MESSAGE:
-            self.messages_received += 1
-            self.last_message_at = time.monotonic()
-            decoded = protocol.decode_message(
-                data, youzan=self.config.youzan, extended=self.extended, ordered=self.ordered
-            )
-            if self.delegate is not None:
-                self.delegate.on_message(self, decoded)
+            self._deliver([data])
             return
         if ftype == protocol.FRAME_TYPE_RESPONSE:
             if data == protocol.HEARTBEAT:

@@ -24,6 +24,7 @@ import random
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +41,6 @@ __all__ = ["Consumer"]
 
 logger = logging.getLogger("nsqclient.consumer")
 
-_STOP = object()
 Handler = Callable[[Message], Any]
 
 
@@ -68,7 +68,10 @@ class _Delegate:
         self._consumer = consumer
 
     def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
-        self._consumer._on_message(conn, decoded)
+        self._consumer._on_messages(conn, [decoded])
+
+    def on_messages(self, conn: Connection, decoded: list[protocol.DecodedMessage]) -> None:
+        self._consumer._on_messages(conn, decoded)
 
     def on_server_error(self, conn: Connection, error: ServerError) -> None:
         self._consumer._on_server_error(conn, error)
@@ -160,7 +163,13 @@ class Consumer:
         self._lookupd_found: set[str] = set()
         self._connect_threads: set[threading.Thread] = set()
         self._delegate = _Delegate(self)
-        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        # Messages waiting for a handler worker, oldest first.  The reader appends a whole
+        # socket read's worth under _work_cond; workers pop one at a time without it and
+        # wait on it only when the deque is empty.
+        self._work: deque[Message] = deque()
+        self._work_cond = threading.Condition(threading.Lock())
+        self._idle_workers = 0
+        self._workers_exit = False
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._rdy_wake = threading.Event()
         self._discovery_wake = threading.Event()
@@ -314,15 +323,16 @@ class Consumer:
         own = self._workers.index(current) if current in self._workers else -1
         while time.monotonic() < deadline and not self._force_stop.is_set():
             busy = any(b for i, b in enumerate(self._busy) if i != own)
-            if not busy and self._work.empty():
+            if not busy and not self._work:
                 break
             self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
         forced = self._force_stop.is_set()
         if forced:
             self._requeue_running(own)
         self._requeue_unstarted()
-        for _ in self._workers:
-            self._work.put(_STOP)
+        with self._work_cond:
+            self._workers_exit = True
+            self._work_cond.notify_all()
         for t in self._workers:
             if t is current:
                 continue
@@ -353,12 +363,9 @@ class Consumer:
     def _requeue_unstarted(self) -> None:
         while True:
             try:
-                item = self._work.get_nowait()
-            except queue.Empty:
+                message = self._work.popleft()
+            except IndexError:
                 return
-            if item is _STOP:
-                continue
-            _, message = item
             if not message.has_responded():
                 message.requeue(delay=0, backoff=False)
 
@@ -547,19 +554,20 @@ class Consumer:
     # ================================================================ connection delegate
     # (via _Delegate; these run on a connection's reader thread: quick, never user code)
 
-    def _on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
-        message = Message(decoded, responder=self._delegate, nsqd_address=conn.address, conn=conn)
+    def _on_messages(self, conn: Connection, decoded: list[protocol.DecodedMessage]) -> None:
+        """The messages of one socket read: one lock round and one hand-off for all of them."""
+        now = conn.last_message_at
+        received = Message._received
+        delegate = self._delegate
+        messages = [received(d, delegate, conn, now) for d in decoded]
+        n = len(messages)
         with self._lock:
-            self._stats["received"] += 1
+            self._stats["received"] += n
+            conn.in_flight += n
             info = self._conns.get(conn.address)
-            conn.in_flight += 1
             if info is not None and info.conn is conn:
-                info.remaining -= 1
-                mode = (
-                    BackoffMode.NORMAL
-                    if self._backoff.level == 0
-                    else self._backoff.mode(time.monotonic())
-                )
+                info.remaining -= n
+                mode = BackoffMode.NORMAL if self._backoff.level == 0 else self._backoff.mode(now)
                 if mode is BackoffMode.TESTING:
                     # One message per test window: take the RDY back until its result is in.
                     self._send_rdy(info, 0)
@@ -568,7 +576,10 @@ class Consumer:
                 if info.first_message:
                     info.first_message = False
                     self._rdy_wake.set()
-        self._work.put((conn, message))
+        with self._work_cond:
+            self._work.extend(messages)
+            if self._idle_workers:
+                self._work_cond.notify(min(n, self._idle_workers))
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:
         counters = _ANSWER_FAILED.get(error.code)
@@ -676,23 +687,35 @@ class Consumer:
     def _work_loop(self, index: int) -> None:
         busy = self._busy
         current = self._current
+        work = self._work
+        cond = self._work_cond
         while True:
-            item = self._work.get()
-            if item is _STOP:
-                return
-            busy[index] = True
-            current[index] = item[1]
             try:
-                self._handle(*item)
+                message = work.popleft()
+            except IndexError:
+                with cond:
+                    while not work:
+                        if self._workers_exit:
+                            return
+                        self._idle_workers += 1
+                        try:
+                            cond.wait()
+                        finally:
+                            self._idle_workers -= 1
+                continue
+            busy[index] = True
+            current[index] = message
+            try:
+                self._handle(message)
             except Exception:
-                logger.exception("unexpected error handling message %r", item[1].id)
+                logger.exception("unexpected error handling message %r", message.id)
             finally:
                 current[index] = None
                 busy[index] = False
                 if self._stopping.is_set():
                     self._idle.set()
 
-    def _handle(self, conn: Connection, message: Message) -> None:
+    def _handle(self, message: Message) -> None:
         max_tries = self._max_tries
         if max_tries and message.attempts > max_tries:
             with self._lock:
@@ -724,15 +747,19 @@ class Consumer:
                 message.requeue(backoff=True)
             result = None
         else:
-            if not message.is_async() and not message.has_responded():
+            if not message._async and not message._responded:
                 if result is False:
                     message.requeue(backoff=True)
-                else:
-                    message.finish()
+                elif message._claim("finish"):
+                    self._finish_message(message)
         now = time.monotonic()
-        elapsed = now - started
         # nsqd's timer runs from delivery, and restarts at each TOUCH.
-        if now - max(message.received_at, message.touched_at or 0.0) > conn.msg_timeout:
+        held = now - (message.touched_at or message.received_at)
+        if held < 1.0:  # below any msg_timeout nsqd allows: the common case, decided here
+            return
+        conn = message._conn
+        if conn is not None and held > conn.msg_timeout:
+            elapsed = now - started
             with self._lock:
                 self._stats["timed_out_locally"] += 1
             logger.warning(
@@ -752,7 +779,8 @@ class Consumer:
             self._stats[counter] += 1
             if conn.in_flight > 0:
                 conn.in_flight -= 1
-            if success is not None:
+            # At level 0 a success changes nothing (BackoffState.record returns None).
+            if success is not None and (self._backoff.level or not success):
                 decision = self._backoff.record(success, time.monotonic())
                 if decision is not None:
                     logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
@@ -762,7 +790,8 @@ class Consumer:
         conn = message._conn
         assert conn is not None  # a Consumer's messages always carry their connection
         try:
-            conn.send(protocol.fin(message.id))
+            # The id came from nsqd in this message: no need to check it as protocol.fin does.
+            conn.send(b"FIN " + message.id + b"\n")
         except NSQError:
             logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
         self._answered(message, "finished", True)

@@ -117,6 +117,39 @@ class Message:
         self._responded = False
         self._async = False
 
+    @classmethod
+    def _received(
+        cls,
+        decoded: DecodedMessage,
+        responder: MessageResponder,
+        conn: Connection,
+        received_at: float,
+    ) -> Message:
+        """A message as a Consumer builds it on a reader thread: the constructor's work
+        without its argument handling (this runs once per message received)."""
+        self = cls.__new__(cls)
+        (
+            self.timestamp,
+            self.attempts,
+            self.id,
+            self.body,
+            self.internal_id,
+            self.trace_id,
+            self.offset,
+            self.raw_size,
+            self.ext_version,
+            self.ext,
+        ) = decoded
+        self.nsqd_address = conn.address
+        self.partition = None
+        self.received_at = received_at
+        self.touched_at = None
+        self._responder = responder
+        self._conn = conn
+        self._responded = False
+        self._async = False
+        return self
+
     def __repr__(self) -> str:
         return (
             f"<Message id={self.id!r} attempts={self.attempts} "
