@@ -30,6 +30,13 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+)
 from typing import Any, Protocol, TypeVar, overload
 
 from . import protocol
@@ -46,7 +53,14 @@ from .errors import (
 from .protocol import DecodedMessage, FrameReader
 from .transport import Transport, make_tls_context
 
-__all__ = ["Connection", "ConnectionDelegate", "ConnectionState", "Waiter", "parse_address"]
+__all__ = [
+    "Connection",
+    "ConnectionDelegate",
+    "ConnectionState",
+    "RequestFuture",
+    "Waiter",
+    "parse_address",
+]
 
 logger = logging.getLogger("nsqclient.conn")
 
@@ -126,6 +140,93 @@ class Waiter:
         if exc is not None:
             raise exc
         return self._result
+
+
+_DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_condition_lock = threading.Lock()
+# Lent to every RequestFuture first asked for its Condition once finished: nobody ever waits
+# to be notified on a finished future, so they can share one (an RLock, as wait() holds all
+# the Conditions of its futures at once).
+_finished_condition = threading.Condition(threading.RLock())
+
+
+class RequestFuture(Future):
+    """A :class:`concurrent.futures.Future` for a request already on its way (so it starts
+    RUNNING and cannot be cancelled), cheap to make and to complete: its Condition is made
+    only when some thread has to wait on it (``result()`` before the answer, ``wait()``,
+    ``as_completed()``, ``add_done_callback()``).  Everything a Future offers works.
+
+    Completing it never blocks on a lock nobody waits on: the state is written first, then
+    waiters, if any, are woken under the Condition; a waiter makes the Condition first and
+    reads the state under it, so one of the two always sees the other.
+    """
+
+    def __init__(self) -> None:  # no super().__init__(): it would make the Condition now
+        self._cond: threading.Condition | None = None
+        self._state = RUNNING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    @property  # type: ignore[override]
+    def _condition(self) -> threading.Condition:
+        cond = self._cond
+        if cond is None and self._state == FINISHED:
+            return _finished_condition
+        if cond is None:
+            with _condition_lock:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    def done(self) -> bool:
+        return self._state in _DONE
+
+    def running(self) -> bool:
+        return self._state == RUNNING
+
+    def cancelled(self) -> bool:
+        return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def set_result(self, result: Any) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._finish(None, exception)
+
+    def _finish(self, result: Any, exception: BaseException | None) -> None:
+        if self._state in _DONE:
+            from concurrent.futures import InvalidStateError
+
+            raise InvalidStateError(f"{self._state}: {self!r}")
+        self._result = result
+        self._exception = exception
+        self._state = FINISHED
+        cond = self._cond
+        if cond is not None:
+            with cond:
+                for waiter in self._waiters:
+                    if exception is None:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+                cond.notify_all()
+        if self._done_callbacks:
+            self._invoke_callbacks()
 
 
 class ConnectionState(enum.Enum):
@@ -473,8 +574,8 @@ class Connection:
         closes first.  Never left waiting forever once the connection is gone.
         """
         if future is None:
-            future = Future()
-        if isinstance(future, Future):
+            future = RequestFuture()
+        elif isinstance(future, Future) and future._state == PENDING:  # type: ignore[attr-defined]
             future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
         with self._lock:
             if self.state is not ConnectionState.CONNECTED or self._fatal_error is not None:

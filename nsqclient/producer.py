@@ -33,7 +33,7 @@ from typing import Any
 from . import protocol
 from .backoff import reconnect_delay
 from .config import Config
-from .conn import AnyFuture, Connection, Waiter, parse_address
+from .conn import AnyFuture, Connection, RequestFuture, Waiter, parse_address
 from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
 
 __all__ = ["Producer"]
@@ -138,6 +138,8 @@ class Producer:
         self.config = Config(**options)
         self._slots = [_Slot(a) for a in addresses]
         self._rr = itertools.count()
+        #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
+        self._pub_lines: dict[str, bytes] = {}
         self._closed = False
         self._pid = os.getpid()
         _producers.add(self)
@@ -166,7 +168,7 @@ class Producer:
             ConnectionClosedError: no nsqd could be reached, or the connection died.
             NSQTimeoutError: no answer within ``timeout`` (the outcome is unknown).
         """
-        self._publish(protocol.pub(topic, body), timeout)
+        self._publish(self._pub_command(topic, body), timeout)
 
     def mpub(self, topic: str, bodies: Sequence[bytes | str], timeout: float | None = None) -> None:
         """Publish several messages atomically (one MPUB); see :meth:`pub`."""
@@ -181,15 +183,15 @@ class Producer:
     def pub_async(self, topic: str, body: bytes | str) -> Future:
         """Publish without waiting; the Future resolves to nsqd's answer (``b"OK"``) or fails
         with the error :meth:`pub` would raise.  Bad input raises here, at once."""
-        return self._submit(protocol.pub(topic, body), None, Future)
+        return self._submit(self._pub_command(topic, body), None, RequestFuture)
 
     def mpub_async(self, topic: str, bodies: Sequence[bytes | str]) -> Future:
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
-        return self._submit(protocol.mpub(topic, bodies), None, Future)
+        return self._submit(protocol.mpub(topic, bodies), None, RequestFuture)
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
         """:meth:`dpub` without waiting; see :meth:`pub_async`."""
-        return self._submit(protocol.dpub(topic, _delay_ms(delay), body), None, Future)
+        return self._submit(protocol.dpub(topic, _delay_ms(delay), body), None, RequestFuture)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish accepted so far (``pub_async`` ones included) has nsqd's
@@ -291,6 +293,18 @@ class Producer:
 
     # ---------------------------------------------------------------- internals
 
+    def _pub_command(self, topic: str, body: bytes | str) -> bytes:
+        """``protocol.pub(topic, body)``, with the command line of a topic already checked
+        taken from a cache when the body is plain non-empty bytes."""
+        line = self._pub_lines.get(topic)
+        if line is not None and type(body) is bytes and body:
+            return line + len(body).to_bytes(4, "big") + body
+        command = protocol.pub(topic, body)  # checks the topic and the body
+        if len(self._pub_lines) >= 1024:
+            self._pub_lines.clear()
+        self._pub_lines[topic] = command[: command.index(b"\n") + 1]
+        return command
+
     def _publish(self, command: bytes, timeout: float | None) -> bytes:
         timeout = self.config.pub_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -362,8 +376,7 @@ class Producer:
         )
 
     def _connection(self, slot: _Slot, deadline: float | None = None) -> Connection | None:
-        if os.getpid() != self._pid:
-            self._after_fork()
+        # (A forked child gets fresh slots from the at-fork hook, before it can get here.)
         conn = slot.conn
         if conn is not None and conn.is_connected:
             return conn

@@ -1,0 +1,112 @@
+"""RequestFuture: the cheap Future a publish returns.  Everything concurrent.futures offers must
+keep working on it, whichever thread completes it and whenever others start waiting."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, as_completed, wait
+
+import pytest
+
+from nsqclient.conn import RequestFuture
+
+#: Seconds: the bound of every wait; reached only when something is broken.
+TIMEOUT = 10.0
+
+
+def completed(result: object = b"OK") -> RequestFuture:
+    future = RequestFuture()
+    future.set_result(result)
+    return future
+
+
+def test_it_is_a_running_future_that_cannot_be_cancelled():
+    future = RequestFuture()
+    assert isinstance(future, Future)
+    assert future.running() and not future.done() and not future.cancelled()
+    assert future.cancel() is False
+    future.set_result(b"OK")
+    assert future.done() and not future.running()
+    assert future.result(0) == b"OK" and future.exception(0) is None
+
+
+def test_an_exception_is_raised_by_result_and_returned_by_exception():
+    future = RequestFuture()
+    boom = ValueError("refused")
+    future.set_exception(boom)
+    assert future.exception(0) is boom
+    with pytest.raises(ValueError, match="refused"):
+        future.result(0)
+
+
+def test_completing_twice_is_refused():
+    future = completed()
+    with pytest.raises(InvalidStateError):
+        future.set_result(b"again")
+    with pytest.raises(InvalidStateError):
+        future.set_exception(ValueError())
+    assert future.result(0) == b"OK"
+
+
+def test_result_times_out_while_unanswered():
+    with pytest.raises(TimeoutError):
+        RequestFuture().result(timeout=0.01)
+
+
+def test_threads_already_waiting_are_woken_by_the_answer():
+    future = RequestFuture()
+    waiting = threading.Barrier(4, timeout=TIMEOUT)
+    got: list[object] = []
+
+    def wait_for_it() -> None:
+        waiting.wait()
+        got.append(future.result(TIMEOUT))
+
+    threads = [threading.Thread(target=wait_for_it) for _ in range(3)]
+    for t in threads:
+        t.start()
+    waiting.wait()
+    # Each waiter is inside result() or about to enter it: either way it must see the answer.
+    future.set_result(b"OK")
+    for t in threads:
+        t.join(TIMEOUT)
+    assert got == [b"OK"] * 3
+
+
+def test_wait_and_as_completed_work_with_finished_and_pending_futures():
+    done = [completed(i) for i in range(1000)]
+    pending = RequestFuture()
+    finished, not_done = wait([*done, pending], timeout=0.01)
+    assert finished == set(done) and not_done == {pending}
+
+    releaser = threading.Timer(0.05, pending.set_result, args=(b"late",))
+    releaser.start()
+    first, _ = wait([pending, RequestFuture()], timeout=TIMEOUT, return_when=FIRST_COMPLETED)
+    releaser.join(TIMEOUT)
+    assert first == {pending}
+    assert sorted(f.result() for f in as_completed(done, timeout=TIMEOUT)) == list(range(1000))
+
+
+def test_as_completed_yields_a_future_answered_while_it_waits():
+    futures = [RequestFuture() for _ in range(3)]
+    results = []
+
+    def answer() -> None:
+        for i, future in enumerate(futures):
+            future.set_result(i)
+
+    answering = threading.Timer(0.05, answer)
+    answering.start()
+    for future in as_completed(futures, timeout=TIMEOUT):
+        results.append(future.result())
+    answering.join(TIMEOUT)
+    assert sorted(results) == [0, 1, 2]
+
+
+def test_done_callbacks_run_once_whether_added_before_or_after():
+    calls: list[object] = []
+    future = RequestFuture()
+    future.add_done_callback(lambda f: calls.append(("before", f.result())))
+    future.set_result(1)
+    future.add_done_callback(lambda f: calls.append(("after", f.result())))
+    assert calls == [("before", 1), ("after", 1)]
