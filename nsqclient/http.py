@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
@@ -38,6 +37,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from .checks import check_float, is_int
 from .errors import HTTPError
 from .protocol import (
     check_body_list,
@@ -104,14 +104,7 @@ def _base_url(address: str) -> str:
 
 
 def _check_timeout(timeout: float) -> float:
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    return float(timeout)
+    return check_float(timeout, "timeout", "seconds", min=0, min_exclusive=True)
 
 
 def _join_host_port(host: str, port: int | str) -> str:
@@ -152,7 +145,7 @@ def producer_address(p: Mapping[str, Any]) -> str:
     if not host:
         raise ValueError(f"lookup producer entry has no broadcast_address: {dict(p)!r}")
     port = _port(p.get("tcp_port"))
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+    if not is_int(port) or not 0 < port < 65536:
         raise ValueError(f"lookup producer entry has no valid tcp_port: {dict(p)!r}")
     return _join_host_port(host, port)
 
@@ -385,13 +378,7 @@ class NsqdHTTPClient(_Client):
         Returns the reply text (``"OK"``).
         """
         topic = check_topic_name(topic)
-        if (
-            isinstance(delay, bool)
-            or not isinstance(delay, int | float)
-            or not math.isfinite(delay)
-            or delay < 0
-        ):
-            raise ValueError(f"dpub delay must be a non-negative number of seconds, not {delay!r}")
+        delay = check_float(delay, "dpub delay", "seconds", min=0)
         data = to_bytes(body)
         defer_ms = int(round(delay * 1000))
         return self._post("/pub", {"topic": topic, "defer": str(defer_ms)}, data, timeout)

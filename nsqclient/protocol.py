@@ -14,6 +14,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from .checks import check_int
 from .errors import ProtocolError
 
 __all__ = [
@@ -175,9 +176,7 @@ def _sized(body: bytes) -> bytes:
 def _partition(partition: int | None) -> tuple[int, ...]:
     if partition is None:
         return ()
-    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
-        raise ValueError(f"partition must be a non-negative int, not {partition!r}")
-    return (partition,)
+    return (check_int(partition, "partition", min=0),)
 
 
 def _message_id(message_id: bytes | str) -> bytes:
@@ -216,9 +215,7 @@ def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
 
 def rdy(count: int) -> bytes:
     """``RDY <count>\\n``."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ValueError(f"RDY count must be a non-negative int, not {count!r}")
-    return _line(b"RDY", count)
+    return _line(b"RDY", check_int(count, "RDY count", "messages", min=0))
 
 
 def fin(message_id: bytes | str) -> bytes:
@@ -228,8 +225,7 @@ def fin(message_id: bytes | str) -> bytes:
 
 def req(message_id: bytes | str, delay_ms: int) -> bytes:
     """``REQ <id> <delay_ms>\\n``."""
-    if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-        raise ValueError(f"REQ delay must be a non-negative int of milliseconds, not {delay_ms!r}")
+    delay_ms = check_int(delay_ms, "REQ delay", "milliseconds", min=0)
     return b"REQ " + _message_id(message_id) + b" " + str(delay_ms).encode() + b"\n"
 
 
@@ -289,15 +285,12 @@ def published_count(command: bytes) -> int:
 
 def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
     """``DPUB <topic> <delay_ms>\\n[size][body]`` (classic nsqd only; youzan has no DPUB)."""
-    if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-        raise ValueError(f"DPUB delay must be a non-negative int of milliseconds, not {delay_ms!r}")
+    delay_ms = check_int(delay_ms, "DPUB delay", "milliseconds", min=0)
     return _line(b"DPUB", check_topic_name(topic), delay_ms) + _sized(_body(body))
 
 
 def _check_trace_id(trace_id: int) -> int:
-    if not isinstance(trace_id, int) or not 0 <= trace_id < 2**64:
-        raise ValueError(f"trace id must be an unsigned 64-bit int, not {trace_id!r}")
-    return trace_id
+    return check_int(trace_id, "trace id", min=0, max=2**64 - 1)
 
 
 def pub_trace(topic: str, body: bytes, trace_id: int, partition: int | None = None) -> bytes:

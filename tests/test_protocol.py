@@ -259,12 +259,16 @@ def test_ext_header_of_65534_bytes_is_accepted() -> None:
     assert out == b"PUB_EXT t\n" + sized(u16(65534) + ext + b"B")
 
 
-@pytest.mark.parametrize("trace_id", [-1, 2**64, 1.5, "1"])
+@pytest.mark.parametrize("trace_id", [-1, 2**64, 1.5, "1", True])
 def test_bad_trace_id(trace_id: object) -> None:
     with pytest.raises(ValueError, match="trace id"):
         protocol.pub_trace("t", b"x", trace_id)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="trace id"):
         protocol.mpub_trace("t", [b"x"], [trace_id])  # type: ignore[list-item]
+
+
+def test_largest_trace_id_is_accepted() -> None:
+    assert protocol.pub_trace("t", b"x", 2**64 - 1).endswith(u64(2**64 - 1) + b"x")
 
 
 def test_mpub_trace_and_ext_need_one_per_message() -> None:
