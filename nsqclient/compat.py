@@ -18,7 +18,8 @@ options (seconds everywhere): ``heartbeat_interval`` (seconds in both), ``msg_ti
 (seconds in both), ``output_buffer_timeout`` (MILLISECONDS in pynsq, converted), ``requeue_delay``
 (seconds, the base of the default REQ delay), ``timeout`` (seconds, connect and write timeout),
 ``tls_options`` (the ``ssl`` keywords pynsq passed to tornado: ``ca_certs``, ``certfile``,
-``keyfile``, ``cert_reqs``; ``ssl_version`` and ``ciphers`` are ignored with a warning), and
+``keyfile``, ``cert_reqs``; ``ssl_version`` and ``ciphers`` are ignored with a warning; like
+pynsq, the whole dict is ignored, with a warning, unless ``tls_v1`` is set), and
 ``tls_v1``, ``snappy``, ``deflate``, ``deflate_level``, ``output_buffer_size``, ``sample_rate``,
 ``user_agent``, ``auth_secret``, ``hostname``.  nsqclient's own option names (see
 :mod:`nsqclient.config`, in seconds) are accepted too.  ``io_loop`` (older pynsq) is accepted and
@@ -76,6 +77,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from . import protocol
+from .checks import check_float, check_int
 from .config import OPTIONS
 from .conn import parse_address
 from .consumer import Consumer
@@ -154,16 +156,13 @@ _MISSING = object()
 
 
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
-    return float(value)
+    return check_float(value, name, "seconds")
 
 
 def _opt_output_buffer_timeout(value: Any) -> dict[str, Any]:
     # pynsq: milliseconds.  nsqclient: seconds (-1 still disables the timeout).
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"output_buffer_timeout must be milliseconds (int), not {value!r}")
-    return {"output_buffer_timeout": -1.0 if value == -1 else value / 1000.0}
+    ms = check_float(value, "output_buffer_timeout", "milliseconds")
+    return {"output_buffer_timeout": -1.0 if ms == -1 else ms / 1000.0}
 
 
 def _opt_msg_timeout(value: Any) -> dict[str, Any]:
@@ -262,6 +261,16 @@ def _translate_kwargs(kwargs: dict[str, Any], owner: str) -> dict[str, Any]:
     options: dict[str, Any] = {}
     native: dict[str, Any] = {}
     for name, value in kwargs.items():
+        if name == "tls_options" and value and not kwargs.get("tls_v1"):
+            # pynsq used tls_options only with tls_v1; nsqclient's Config refuses TLS settings
+            # without it, so a legacy program that passes them with tls_v1 off still runs.
+            logger.warning(
+                "%s: tls_options ignored because tls_v1 is not set (as pynsq did); the"
+                " connection is plain text",
+                owner,
+            )
+            _opt_tls_options(value)  # still refuse what pynsq refused
+            continue
         if name in _PYNSQ_CONN_KWARGS:
             options.update(_PYNSQ_CONN_KWARGS[name](value))
         elif name in _IGNORED_KWARGS:
@@ -907,10 +916,7 @@ class Writer(metaclass=_Registered):
         self, topic: str, delay_ms: int, msg: bytes, callback: PubCallback | None = None
     ) -> Future:
         """Publish one message that nsqd delivers after ``delay_ms`` MILLISECONDS (as pynsq)."""
-        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
-            raise ValueError(
-                f"delay_ms must be a non-negative int of milliseconds, not {delay_ms!r}"
-            )
+        check_int(delay_ms, "delay_ms", "milliseconds", min=0)
         return self._pub(
             "dpub",
             topic,

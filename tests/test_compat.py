@@ -531,6 +531,23 @@ def test_unknown_and_ignored_kwargs(caplog):
     assert reader in compat._registry.snapshot()[0]
 
 
+def test_tls_options_without_tls_v1_are_ignored_as_in_pynsq(caplog):
+    # pynsq used tls_options only when tls_v1 was set; nsqclient's Config refuses TLS settings
+    # without tls_v1, so the drop-in drops them (with a warning) for a legacy program.
+    address = "127.0.0.1:4150"  # never started
+    with caplog.at_level(logging.WARNING, logger="nsqclient.compat"):
+        writer = compat.Writer([address], tls_options={"ca_certs": "/etc/ca.pem"})
+    assert "tls_options ignored because tls_v1 is not set" in caplog.text
+    cfg = writer.producer.config
+    assert (cfg.tls_v1, cfg.tls_ca_file) == (False, None)
+    writer.close()
+    with pytest.raises(TypeError, match="tls_options key 'server_side'"):
+        compat.Writer([address], tls_options={"server_side": True})
+    # nsqclient's own names are not pynsq's: those fail at the call site, naming tls_v1.
+    with pytest.raises(ValueError, match="tls_v1=True"):
+        compat.Writer([address], tls_ca_file="/etc/ca.pem")
+
+
 def test_errors_map_to_nsqclient_hierarchy():
     assert compat.Error is NSQError
     assert issubclass(ServerError, compat.Error)
