@@ -26,6 +26,7 @@ __all__ = [
     "OK",
     "CLOSE_WAIT",
     "DEFAULT_MAX_FRAME_SIZE",
+    "LOOKUPD_BAD_PROTOCOL",
     "Frame",
     "FrameReader",
     "DecodedMessage",
@@ -359,21 +360,47 @@ def encode_frame(frame_type: int, data: bytes) -> bytes:
     return _U32.pack(len(data) + 4) + _I32.pack(frame_type) + data
 
 
+#: What nsqlookupd's TCP port (its V1 protocol: ``[4B size][data]``, no frame type) answers to
+#: nsqd's ``"  V2"`` magic, read by a frame reader as a size of 14 and frame type ``b"E_BA"``.
+LOOKUPD_BAD_PROTOCOL = b"E_BAD_PROTOCOL"
+_TEXT_BYTES = frozenset(range(0x20, 0x7F)) | {0x09, 0x0A, 0x0D}
+_SHOWN = 64  # bytes of a foreign peer's reply quoted in the error
+
+
+def _looks_like_text(data: bytes | bytearray) -> bool:
+    return bool(data) and all(b in _TEXT_BYTES for b in data)
+
+
 class FrameReader:
     """Incremental frame parser: ``feed()`` any chunk of the stream, get complete frames back.
 
     It never buffers more than one maximum-size frame plus the bytes of the current chunk, and
     raises :class:`ProtocolError` (and only that) on a stream that is not NSQ: a size below 4, a
     size above ``max_frame_size``, an unknown frame type, or an HTTP reply where a size should be.
-    After an error the reader is broken; the connection must be closed.
+    When the peer is plainly not an nsqd (an HTTP server, nsqlookupd's TCP port, anything that
+    answers in text) the error says so and quotes what it sent.  ``peer`` (``"host:port"``) names
+    it in those messages.  After an error the reader is broken; the connection must be closed.
     """
 
-    __slots__ = ("_buf", "max_frame_size", "_error")
+    __slots__ = ("_buf", "max_frame_size", "_error", "peer")
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, peer: str | None = None):
         self._buf = bytearray()
         self.max_frame_size = max_frame_size
         self._error: ProtocolError | None = None
+        self.peer = peer
+
+    def _not_nsqd(self, sent: bytes | bytearray) -> ProtocolError:
+        """The error for a peer that answered in text: name it, quote it, hint at the port."""
+        shown = bytes(sent[:_SHOWN]) + (b"..." if len(sent) > _SHOWN else b"")
+        if bytes(sent).startswith(LOOKUPD_BAD_PROTOCOL):
+            hint = "nsqlookupd's TCP port answers this way"
+        else:
+            hint = "an nsqd answers in binary frames"
+        return ProtocolError(
+            f"{self.peer or 'the peer'} is not an nsqd TCP port: it sent {shown!r} ({hint};"
+            " nsqd's TCP port is 4150 by default)"
+        )
 
     @property
     def buffered(self) -> int:
@@ -392,11 +419,14 @@ class FrameReader:
         try:
             while end - pos >= 4:
                 if buf[pos : pos + 4] == b"HTTP":
-                    raise ProtocolError("this is an HTTP port, not an nsqd TCP port")
+                    where = f"{self.peer} is" if self.peer else "this is"
+                    raise ProtocolError(f"{where} an HTTP port, not an nsqd TCP port")
                 size = _U32.unpack_from(buf, pos)[0]
                 if size < 4:
                     raise ProtocolError(f"frame size {size} is below the minimum of 4")
                 if size > self.max_frame_size:
+                    if _looks_like_text(buf[pos : pos + 4]):  # text where a size belongs
+                        raise self._not_nsqd(buf[pos:])
                     raise ProtocolError(
                         f"frame size {size} exceeds the maximum of {self.max_frame_size} bytes"
                     )
@@ -404,6 +434,9 @@ class FrameReader:
                     break
                 frame_type = _I32.unpack_from(buf, pos + 4)[0]
                 if frame_type not in (FRAME_TYPE_RESPONSE, FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE):
+                    body = buf[pos + 4 : pos + 4 + size]
+                    if _looks_like_text(body):  # a size-prefixed text reply: not NSQ's V2
+                        raise self._not_nsqd(body)
                     raise ProtocolError(f"unknown frame type {frame_type}")
                 frames.append(Frame(frame_type, bytes(buf[pos + 8 : pos + 4 + size])))
                 pos += 4 + size
