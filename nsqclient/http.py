@@ -14,9 +14,11 @@ Every request carries ``Accept: application/vnd.nsq; version=1.0`` so that serve
 negotiate answer plain 1.x JSON; the wrapped shape is still parsed when a server ignores it.
 
 Every failure raises :class:`~nsqclient.errors.HTTPError` (or its subclass
-:class:`TopicNotFoundError`): a non-2xx reply carries its status, a transport failure
-(connection refused, timeout, reset) has status 0 and is chained from the requests exception,
-and a 2xx reply that should be JSON but is not raises with ``"invalid JSON: ..."``.
+:class:`TopicNotFoundError`): a non-2xx reply carries its status; a failure before any reply has
+status 0, a message saying what happened and where (``connection refused by 127.0.0.1:4161``,
+``connecting to ... timed out after 5 s``, ``cannot resolve the host name ...``) and is chained
+from the requests exception; a 2xx reply that should be JSON but is not raises with
+``"invalid JSON: ..."``.
 
 Bad input (an invalid topic or channel name, a body that is not bytes or str, an empty MPUB)
 raises ValueError/TypeError before any request is made.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -195,6 +198,46 @@ def _full_url(method: str, url: str, params: Mapping[str, Any] | None) -> str:
         return url
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception inside it: requests wraps urllib3's MaxRetryError (in
+    ``args``), whose ``reason`` wraps the socket error (as ``__cause__`` or ``__context__``)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        inner = [getattr(e, "reason", None), e.__cause__, e.__context__, *e.args]
+        todo.extend(i for i in inner if isinstance(i, BaseException))
+    return seen
+
+
+def _no_reply(exc: requests.RequestException, url: str, timeout: float) -> str:
+    """What went wrong before any HTTP reply, in words, naming ``host:port``."""
+    parts = urlsplit(url)
+    where = parts.netloc or url
+    causes = _causes(exc)
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"connecting to {where} timed out after {timeout:g} s"
+    if isinstance(exc, requests.Timeout):
+        return (
+            f"timed out after {timeout:g} s waiting for {where} to answer"
+            " (it accepted the connection)"
+        )
+    if any(isinstance(e, socket.gaierror) for e in causes) or any(
+        type(e).__name__ == "NameResolutionError" for e in causes
+    ):
+        return f"cannot resolve the host name {parts.hostname!r} (port {parts.port})"
+    if any(isinstance(e, ConnectionRefusedError) for e in causes):
+        return f"connection refused by {where} (is nsqd or nsqlookupd listening on that port?)"
+    if any(isinstance(e, ConnectionResetError) for e in causes):
+        return f"{where} reset the connection before answering"
+    if isinstance(exc, requests.ConnectionError):
+        return f"cannot connect to {where}: {exc}"
+    return f"request to {where} failed: {exc}"
+
+
 def _http_error(status: int, message: str, url: str) -> HTTPError:
     if message.strip() == "TOPIC_NOT_FOUND":
         return TopicNotFoundError(status, message.strip(), url)
@@ -256,12 +299,9 @@ class _Client:
                 timeout=timeout,
                 allow_redirects=False,
             )
-        except requests.Timeout as exc:
-            full = _full_url(method, url, params)
-            raise HTTPError(0, f"timed out after {timeout:g} s ({exc})", full) from exc
         except requests.RequestException as exc:
             full = _full_url(method, url, params)
-            raise HTTPError(0, f"request failed: {exc}", full) from exc
+            raise HTTPError(0, _no_reply(exc, full, timeout), full) from exc
         if not 200 <= response.status_code < 300:
             raise _http_error(response.status_code, _error_message(response), response.url)
         return response
