@@ -73,7 +73,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from . import protocol
@@ -823,9 +823,6 @@ class _ConnRef:
 
 
 _STOP = object()
-_RETRY = object()
-#: times a Writer sends a publish that nsqd provably did not process (queued behind a fatal error)
-_MAX_ATTEMPTS = 3
 PubCallback = Callable[[Any, Any], Any]
 
 
@@ -845,9 +842,14 @@ class Writer(metaclass=_Registered):
     callback, failures are logged.  Each method also returns a Future of the same answer,
     resolved on the callback thread just before the callback runs.
 
-    A publish that was queued on a connection behind another one's fatal error (nsqd closes the
-    connection after it, and provably processed nothing more) is sent again, up to
-    ``_MAX_ATTEMPTS`` times; pynsq failed its callback with the other publish's error.
+    Resends follow the Producer's one policy, nothing of the Writer's own: a publish that nsqd
+    provably did not process (queued on a connection behind another publish's fatal error, after
+    which nsqd processes nothing more) is handed to :meth:`Producer.pub` (and its siblings) on
+    the Writer's resend thread (``nsq-resend-<name>``), which sends it again as ``pub()`` does
+    (fresh connection, next address, within ``pub_timeout``); pynsq failed its callback with
+    the other publish's error.  A publish whose outcome is unknown (the connection died while it
+    was in flight) is never resent, as in pynsq: its callback gets the ConnectionClosedError.
+    ``pub_retries`` is therefore refused here (TypeError); use :class:`Producer` for it.
     """
 
     def __init__(
@@ -857,6 +859,12 @@ class Writer(metaclass=_Registered):
         name: str | None = None,
         **kwargs: Any,
     ):
+        if "pub_retries" in kwargs:
+            raise TypeError(
+                f"{type(self).__name__}() does not take pub_retries: like pynsq's, a Writer never "
+                "resends a publish whose outcome is unknown, its callback gets the error; use "
+                "nsqclient.Producer(..., pub_retries=N) to resend those"
+            )
         options = _translate_kwargs(kwargs, type(self).__name__)
         addresses = _address_list(nsqd_tcp_addresses, "nsqd_tcp_addresses")
         if not addresses:
@@ -880,6 +888,8 @@ class Writer(metaclass=_Registered):
             target=self._callback_loop, name=f"nsq-callbacks-{self.name}", daemon=True
         )
         self._thread.start()
+        # Runs the Producer's blocking publish for resends (started on first use).
+        self._resender = ThreadPoolExecutor(1, thread_name_prefix=f"nsq-resend-{self.name}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}{' closed' if self._closed else ''}>"
@@ -898,7 +908,15 @@ class Writer(metaclass=_Registered):
 
     def pub(self, topic: str, msg: bytes, callback: PubCallback | None = None) -> Future:
         """Publish one message; ``callback(conn, data)`` gets the answer (see the class doc)."""
-        return self._pub("pub", topic, msg, callback, lambda: self._producer.pub_async(topic, msg))
+        producer = self._producer
+        return self._pub(
+            "pub",
+            topic,
+            msg,
+            callback,
+            lambda: producer.pub_async(topic, msg),
+            lambda: producer.pub(topic, msg),
+        )
 
     def mpub(
         self, topic: str, msg: Sequence[bytes] | bytes, callback: PubCallback | None = None
@@ -907,22 +925,30 @@ class Writer(metaclass=_Registered):
         bodies = [msg] if isinstance(msg, bytes | bytearray | memoryview | str) else msg
         if not isinstance(bodies, list | tuple | set | frozenset):
             raise TypeError(f"mpub takes a list of message bodies, not {type(msg).__name__}")
-        bodies = list(bodies)
+        items: list[Any] = list(bodies)
+        producer = self._producer
         return self._pub(
-            "mpub", topic, msg, callback, lambda: self._producer.mpub_async(topic, bodies)
+            "mpub",
+            topic,
+            msg,
+            callback,
+            lambda: producer.mpub_async(topic, items),
+            lambda: producer.mpub(topic, items),
         )
 
     def dpub(
         self, topic: str, delay_ms: int, msg: bytes, callback: PubCallback | None = None
     ) -> Future:
         """Publish one message that nsqd delivers after ``delay_ms`` MILLISECONDS (as pynsq)."""
-        check_int(delay_ms, "delay_ms", "milliseconds", min=0)
+        delay = check_int(delay_ms, "delay_ms", "milliseconds", min=0) / 1000.0
+        producer = self._producer
         return self._pub(
             "dpub",
             topic,
             msg,
             callback,
-            lambda: self._producer.dpub_async(topic, msg, delay=delay_ms / 1000.0),
+            lambda: producer.dpub_async(topic, msg, delay=delay),
+            lambda: producer.dpub(topic, msg, delay=delay),
         )
 
     def _pub(
@@ -932,6 +958,7 @@ class Writer(metaclass=_Registered):
         msg: Any,
         callback: PubCallback | None,
         submit: Callable[[], Future],
+        resend: Callable[[], None],
     ) -> Future:
         if callback is None:
             callback = functools.partial(self._finish_pub, command=command, topic=topic, msg=msg)
@@ -940,47 +967,51 @@ class Writer(metaclass=_Registered):
         if self._closed:
             raise ConnectionClosedError(f"{self!r} is closed")
         outer: Future = Future()
-        error = self._attempt(callback, submit, outer, 1)  # bad input raises here
-        if error is not None:
-            self._enqueue((callback, None, error, outer))
+        try:
+            future = submit()  # bad input raises here
+        except ConnectionClosedError as exc:
+            self._enqueue((callback, None, SendError("no open connections", exc), outer))
+            return outer
+        future.add_done_callback(functools.partial(self._on_answer, callback, resend, outer))
         return outer
 
-    def _attempt(
-        self, callback: PubCallback, submit: Callable[[], Future], outer: Future, attempt: int
-    ) -> SendError | None:
-        """Submit once: None when sent (the answer comes to :meth:`_on_answer`), else why not."""
-        try:
-            future = submit()
-        except ConnectionClosedError as exc:
-            return SendError("no open connections", exc)
-        future.add_done_callback(
-            functools.partial(self._on_answer, callback, submit, outer, attempt)
-        )
-        return None
-
     def _on_answer(
-        self,
-        callback: PubCallback,
-        submit: Callable[[], Future],
-        outer: Future,
-        attempt: int,
-        future: Future,
+        self, callback: PubCallback, resend: Callable[[], None], outer: Future, future: Future
     ) -> None:
-        # Runs where the future completes, usually a connection's reader thread: only enqueue.
+        # Runs where the future completes, usually a connection's reader thread: only hand on.
         error = future.exception()
-        if (
-            isinstance(error, ConnectionClosedError)
-            and not error.maybe_processed
-            and attempt < _MAX_ATTEMPTS
-            and not self._closed
-        ):
+        if isinstance(error, ConnectionClosedError) and not error.maybe_processed:
             # Queued behind a fatal error on its connection: nsqd provably did not process it.
-            # Send it again from the callback thread (which may have to connect).
-            self._enqueue((_RETRY, callback, submit, outer, attempt + 1))
-            return
+            # The Producer's blocking publish sends it again, by the Producer's rules.
+            try:
+                self._resender.submit(self._resend, callback, resend, outer, error)
+                return
+            except RuntimeError:  # close() shut the resend thread down meanwhile
+                pass
         address = getattr(future, "nsqd_address", None) or self._single
         conn = _ConnRef(address) if address else None
         self._enqueue((callback, conn, error if error is not None else future.result(), outer))
+
+    def _resend(
+        self,
+        callback: PubCallback,
+        resend: Callable[[], None],
+        outer: Future,
+        first_error: ConnectionClosedError,
+    ) -> None:
+        """On the resend thread: the Producer's blocking publish, then the callback's turn."""
+        data: Any
+        try:
+            resend()
+            data = b"OK"  # pub()/mpub()/dpub() return only when nsqd answered OK
+        except ConnectionClosedError as exc:
+            data = exc if exc.maybe_processed else SendError("no open connections", exc)
+        except NSQError as exc:
+            data = exc
+        except Exception as exc:  # not an NSQ outcome: still the callback's to hear about
+            logger.exception("[%s] resending a publish failed", self.name)
+            data = SendError(f"resend failed after {first_error}", exc)
+        self._enqueue((callback, _ConnRef(self._single) if self._single else None, data, outer))
 
     def _enqueue(self, item: tuple) -> None:
         with self._lock:
@@ -1000,15 +1031,6 @@ class Writer(metaclass=_Registered):
                 continue
             if item is _STOP:
                 return
-            if item[0] is _RETRY:
-                _, callback, submit, outer, attempt = item
-                try:
-                    error = self._attempt(callback, submit, outer, attempt)
-                except Exception as exc:  # cannot happen: the input passed the first time
-                    error = SendError("resend failed", exc)
-                if error is not None:
-                    self._run_callback(callback, None, error, outer)
-                continue
             self._run_callback(*item)
 
     def _run_callback(self, callback: PubCallback, conn: Any, data: Any, outer: Future) -> None:
@@ -1050,6 +1072,9 @@ class Writer(metaclass=_Registered):
             self._closed = True
         _registry.remove(self)
         self._producer.close(timeout)
+        # A resend still running ends at once now that the Producer is closed (its connections
+        # failed what they held); its callback is queued before the callback thread stops.
+        self._resender.shutdown(wait=True)
         with self._lock:
             self._stop_sent = True
             self._callbacks.put(_STOP)
