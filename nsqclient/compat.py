@@ -313,15 +313,19 @@ class _Registry:
 
     def add(self, client: Reader | Writer) -> None:
         with self.lock:
-            target = self.readers if isinstance(client, Reader) else self.writers
-            target.append(client)
+            if isinstance(client, Reader):
+                self.readers.append(client)
+            else:
+                self.writers.append(client)
         self.wake.set()
 
     def remove(self, client: Reader | Writer) -> None:
         with self.lock:
-            for target in (self.readers, self.writers):
-                if client in target:
-                    target.remove(client)
+            if isinstance(client, Reader):
+                if client in self.readers:
+                    self.readers.remove(client)
+            elif client in self.writers:
+                self.writers.remove(client)
 
     def snapshot(self) -> tuple[list[Reader], list[Writer]]:
         with self.lock:

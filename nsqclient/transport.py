@@ -285,7 +285,9 @@ class Transport:
                 try:
                     # Decrypt every complete record already buffered, up to max_bytes.
                     while pos < max_bytes:
-                        n = sslobj.read(max_bytes - pos, plain[pos:max_bytes])
+                        # With a buffer, read() returns the count it wrote there; typeshed
+                        # declares bytes (the return without a buffer).
+                        n: int = sslobj.read(max_bytes - pos, plain[pos:max_bytes])  # type: ignore[assignment]
                         if n == 0:  # close_notify received
                             eof = True
                             break
