@@ -245,8 +245,8 @@ def nop() -> bytes:
     return b"NOP\n"
 
 
-def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
-    """``PUB <topic>[ <partition>]\\n[size][body]``."""
+def pub(topic: str, body: bytes | str, partition: int | None = None) -> bytes:
+    """``PUB <topic>[ <partition>]\\n[size][body]``; a str body is sent as UTF-8."""
     return _line(b"PUB", check_topic_name(topic), *_partition(partition)) + _sized(_body(body))
 
 
@@ -268,7 +268,7 @@ def check_body_list(bodies: object, command: str) -> None:
         raise TypeError(f"{command} takes a list of message bodies, not a single body")
 
 
-def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
+def mpub(topic: str, bodies: Sequence[bytes | str], partition: int | None = None) -> bytes:
     """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
     check_body_list(bodies, "MPUB")
     line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
@@ -284,7 +284,7 @@ def published_count(command: bytes) -> int:
     return _U32.unpack_from(command, start)[0]
 
 
-def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+def dpub(topic: str, delay_ms: int, body: bytes | str) -> bytes:
     """``DPUB <topic> <delay_ms>\\n[size][body]`` (classic nsqd only; youzan has no DPUB)."""
     delay_ms = check_int(delay_ms, "DPUB delay", "milliseconds", min=0)
     return _line(b"DPUB", check_topic_name(topic), delay_ms) + _sized(_body(body))
