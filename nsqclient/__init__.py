@@ -10,6 +10,7 @@ The public face::
 """
 
 from . import compat, errors, protocol
+from ._version import __version__
 from .compat import Error, Reader, Writer, run, stop
 from .config import Config
 from .consumer import Consumer
@@ -26,8 +27,6 @@ from .http import LookupdClient, NsqdHTTPClient, TopicNotFoundError
 from .message import Message, RequeueMessage
 from .producer import Producer
 from .protocol import valid_channel_name, valid_topic_name
-
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__",

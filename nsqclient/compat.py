@@ -18,7 +18,8 @@ options (seconds everywhere): ``heartbeat_interval`` (seconds in both), ``msg_ti
 (seconds in both), ``output_buffer_timeout`` (MILLISECONDS in pynsq, converted), ``requeue_delay``
 (seconds, the base of the default REQ delay), ``timeout`` (seconds, connect and write timeout),
 ``tls_options`` (the ``ssl`` keywords pynsq passed to tornado: ``ca_certs``, ``certfile``,
-``keyfile``, ``cert_reqs``; ``ssl_version`` and ``ciphers`` are ignored with a warning), and
+``keyfile``, ``cert_reqs``; ``ssl_version`` and ``ciphers`` are ignored with a warning; like
+pynsq, the whole dict is ignored, with a warning, unless ``tls_v1`` is set), and
 ``tls_v1``, ``snappy``, ``deflate``, ``deflate_level``, ``output_buffer_size``, ``sample_rate``,
 ``user_agent``, ``auth_secret``, ``hostname``.  nsqclient's own option names (see
 :mod:`nsqclient.config`, in seconds) are accepted too.  ``io_loop`` (older pynsq) is accepted and
@@ -72,10 +73,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from . import protocol
+from .checks import check_float, check_int
 from .config import OPTIONS
 from .conn import parse_address
 from .consumer import Consumer
@@ -154,16 +156,13 @@ _MISSING = object()
 
 
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
-    return float(value)
+    return check_float(value, name, "seconds")
 
 
 def _opt_output_buffer_timeout(value: Any) -> dict[str, Any]:
     # pynsq: milliseconds.  nsqclient: seconds (-1 still disables the timeout).
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"output_buffer_timeout must be milliseconds (int), not {value!r}")
-    return {"output_buffer_timeout": -1.0 if value == -1 else value / 1000.0}
+    ms = check_float(value, "output_buffer_timeout", "milliseconds")
+    return {"output_buffer_timeout": -1.0 if ms == -1 else ms / 1000.0}
 
 
 def _opt_msg_timeout(value: Any) -> dict[str, Any]:
@@ -262,6 +261,16 @@ def _translate_kwargs(kwargs: dict[str, Any], owner: str) -> dict[str, Any]:
     options: dict[str, Any] = {}
     native: dict[str, Any] = {}
     for name, value in kwargs.items():
+        if name == "tls_options" and value and not kwargs.get("tls_v1"):
+            # pynsq used tls_options only with tls_v1; nsqclient's Config refuses TLS settings
+            # without it, so a legacy program that passes them with tls_v1 off still runs.
+            logger.warning(
+                "%s: tls_options ignored because tls_v1 is not set (as pynsq did); the"
+                " connection is plain text",
+                owner,
+            )
+            _opt_tls_options(value)  # still refuse what pynsq refused
+            continue
         if name in _PYNSQ_CONN_KWARGS:
             options.update(_PYNSQ_CONN_KWARGS[name](value))
         elif name in _IGNORED_KWARGS:
@@ -304,15 +313,19 @@ class _Registry:
 
     def add(self, client: Reader | Writer) -> None:
         with self.lock:
-            target = self.readers if isinstance(client, Reader) else self.writers
-            target.append(client)
+            if isinstance(client, Reader):
+                self.readers.append(client)
+            else:
+                self.writers.append(client)
         self.wake.set()
 
     def remove(self, client: Reader | Writer) -> None:
         with self.lock:
-            for target in (self.readers, self.writers):
-                if client in target:
-                    target.remove(client)
+            if isinstance(client, Reader):
+                if client in self.readers:
+                    self.readers.remove(client)
+            elif client in self.writers:
+                self.writers.remove(client)
 
     def snapshot(self) -> tuple[list[Reader], list[Writer]]:
         with self.lock:
@@ -814,9 +827,6 @@ class _ConnRef:
 
 
 _STOP = object()
-_RETRY = object()
-#: times a Writer sends a publish that nsqd provably did not process (queued behind a fatal error)
-_MAX_ATTEMPTS = 3
 PubCallback = Callable[[Any, Any], Any]
 
 
@@ -836,9 +846,14 @@ class Writer(metaclass=_Registered):
     callback, failures are logged.  Each method also returns a Future of the same answer,
     resolved on the callback thread just before the callback runs.
 
-    A publish that was queued on a connection behind another one's fatal error (nsqd closes the
-    connection after it, and provably processed nothing more) is sent again, up to
-    ``_MAX_ATTEMPTS`` times; pynsq failed its callback with the other publish's error.
+    Resends follow the Producer's one policy, nothing of the Writer's own: a publish that nsqd
+    provably did not process (queued on a connection behind another publish's fatal error, after
+    which nsqd processes nothing more) is handed to :meth:`Producer.pub` (and its siblings) on
+    the Writer's resend thread (``nsq-resend-<name>``), which sends it again as ``pub()`` does
+    (fresh connection, next address, within ``pub_timeout``); pynsq failed its callback with
+    the other publish's error.  A publish whose outcome is unknown (the connection died while it
+    was in flight) is never resent, as in pynsq: its callback gets the ConnectionClosedError.
+    ``pub_retries`` is therefore refused here (TypeError); use :class:`Producer` for it.
     """
 
     def __init__(
@@ -848,6 +863,12 @@ class Writer(metaclass=_Registered):
         name: str | None = None,
         **kwargs: Any,
     ):
+        if "pub_retries" in kwargs:
+            raise TypeError(
+                f"{type(self).__name__}() does not take pub_retries: like pynsq's, a Writer never "
+                "resends a publish whose outcome is unknown, its callback gets the error; use "
+                "nsqclient.Producer(..., pub_retries=N) to resend those"
+            )
         options = _translate_kwargs(kwargs, type(self).__name__)
         addresses = _address_list(nsqd_tcp_addresses, "nsqd_tcp_addresses")
         if not addresses:
@@ -871,6 +892,8 @@ class Writer(metaclass=_Registered):
             target=self._callback_loop, name=f"nsq-callbacks-{self.name}", daemon=True
         )
         self._thread.start()
+        # Runs the Producer's blocking publish for resends (started on first use).
+        self._resender = ThreadPoolExecutor(1, thread_name_prefix=f"nsq-resend-{self.name}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}{' closed' if self._closed else ''}>"
@@ -889,7 +912,15 @@ class Writer(metaclass=_Registered):
 
     def pub(self, topic: str, msg: bytes, callback: PubCallback | None = None) -> Future:
         """Publish one message; ``callback(conn, data)`` gets the answer (see the class doc)."""
-        return self._pub("pub", topic, msg, callback, lambda: self._producer.pub_async(topic, msg))
+        producer = self._producer
+        return self._pub(
+            "pub",
+            topic,
+            msg,
+            callback,
+            lambda: producer.pub_async(topic, msg),
+            lambda: producer.pub(topic, msg),
+        )
 
     def mpub(
         self, topic: str, msg: Sequence[bytes] | bytes, callback: PubCallback | None = None
@@ -898,25 +929,30 @@ class Writer(metaclass=_Registered):
         bodies = [msg] if isinstance(msg, bytes | bytearray | memoryview | str) else msg
         if not isinstance(bodies, list | tuple | set | frozenset):
             raise TypeError(f"mpub takes a list of message bodies, not {type(msg).__name__}")
-        bodies = list(bodies)
+        items: list[Any] = list(bodies)
+        producer = self._producer
         return self._pub(
-            "mpub", topic, msg, callback, lambda: self._producer.mpub_async(topic, bodies)
+            "mpub",
+            topic,
+            msg,
+            callback,
+            lambda: producer.mpub_async(topic, items),
+            lambda: producer.mpub(topic, items),
         )
 
     def dpub(
         self, topic: str, delay_ms: int, msg: bytes, callback: PubCallback | None = None
     ) -> Future:
         """Publish one message that nsqd delivers after ``delay_ms`` MILLISECONDS (as pynsq)."""
-        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
-            raise ValueError(
-                f"delay_ms must be a non-negative int of milliseconds, not {delay_ms!r}"
-            )
+        delay = check_int(delay_ms, "delay_ms", "milliseconds", min=0) / 1000.0
+        producer = self._producer
         return self._pub(
             "dpub",
             topic,
             msg,
             callback,
-            lambda: self._producer.dpub_async(topic, msg, delay=delay_ms / 1000.0),
+            lambda: producer.dpub_async(topic, msg, delay=delay),
+            lambda: producer.dpub(topic, msg, delay=delay),
         )
 
     def _pub(
@@ -926,6 +962,7 @@ class Writer(metaclass=_Registered):
         msg: Any,
         callback: PubCallback | None,
         submit: Callable[[], Future],
+        resend: Callable[[], None],
     ) -> Future:
         if callback is None:
             callback = functools.partial(self._finish_pub, command=command, topic=topic, msg=msg)
@@ -934,47 +971,51 @@ class Writer(metaclass=_Registered):
         if self._closed:
             raise ConnectionClosedError(f"{self!r} is closed")
         outer: Future = Future()
-        error = self._attempt(callback, submit, outer, 1)  # bad input raises here
-        if error is not None:
-            self._enqueue((callback, None, error, outer))
+        try:
+            future = submit()  # bad input raises here
+        except ConnectionClosedError as exc:
+            self._enqueue((callback, None, SendError("no open connections", exc), outer))
+            return outer
+        future.add_done_callback(functools.partial(self._on_answer, callback, resend, outer))
         return outer
 
-    def _attempt(
-        self, callback: PubCallback, submit: Callable[[], Future], outer: Future, attempt: int
-    ) -> SendError | None:
-        """Submit once: None when sent (the answer comes to :meth:`_on_answer`), else why not."""
-        try:
-            future = submit()
-        except ConnectionClosedError as exc:
-            return SendError("no open connections", exc)
-        future.add_done_callback(
-            functools.partial(self._on_answer, callback, submit, outer, attempt)
-        )
-        return None
-
     def _on_answer(
-        self,
-        callback: PubCallback,
-        submit: Callable[[], Future],
-        outer: Future,
-        attempt: int,
-        future: Future,
+        self, callback: PubCallback, resend: Callable[[], None], outer: Future, future: Future
     ) -> None:
-        # Runs where the future completes, usually a connection's reader thread: only enqueue.
+        # Runs where the future completes, usually a connection's reader thread: only hand on.
         error = future.exception()
-        if (
-            isinstance(error, ConnectionClosedError)
-            and not error.maybe_processed
-            and attempt < _MAX_ATTEMPTS
-            and not self._closed
-        ):
+        if isinstance(error, ConnectionClosedError) and not error.maybe_processed:
             # Queued behind a fatal error on its connection: nsqd provably did not process it.
-            # Send it again from the callback thread (which may have to connect).
-            self._enqueue((_RETRY, callback, submit, outer, attempt + 1))
-            return
+            # The Producer's blocking publish sends it again, by the Producer's rules.
+            try:
+                self._resender.submit(self._resend, callback, resend, outer, error)
+                return
+            except RuntimeError:  # close() shut the resend thread down meanwhile
+                pass
         address = getattr(future, "nsqd_address", None) or self._single
         conn = _ConnRef(address) if address else None
         self._enqueue((callback, conn, error if error is not None else future.result(), outer))
+
+    def _resend(
+        self,
+        callback: PubCallback,
+        resend: Callable[[], None],
+        outer: Future,
+        first_error: ConnectionClosedError,
+    ) -> None:
+        """On the resend thread: the Producer's blocking publish, then the callback's turn."""
+        data: Any
+        try:
+            resend()
+            data = b"OK"  # pub()/mpub()/dpub() return only when nsqd answered OK
+        except ConnectionClosedError as exc:
+            data = exc if exc.maybe_processed else SendError("no open connections", exc)
+        except NSQError as exc:
+            data = exc
+        except Exception as exc:  # not an NSQ outcome: still the callback's to hear about
+            logger.exception("[%s] resending a publish failed", self.name)
+            data = SendError(f"resend failed after {first_error}", exc)
+        self._enqueue((callback, _ConnRef(self._single) if self._single else None, data, outer))
 
     def _enqueue(self, item: tuple) -> None:
         with self._lock:
@@ -994,15 +1035,6 @@ class Writer(metaclass=_Registered):
                 continue
             if item is _STOP:
                 return
-            if item[0] is _RETRY:
-                _, callback, submit, outer, attempt = item
-                try:
-                    error = self._attempt(callback, submit, outer, attempt)
-                except Exception as exc:  # cannot happen: the input passed the first time
-                    error = SendError("resend failed", exc)
-                if error is not None:
-                    self._run_callback(callback, None, error, outer)
-                continue
             self._run_callback(*item)
 
     def _run_callback(self, callback: PubCallback, conn: Any, data: Any, outer: Future) -> None:
@@ -1044,6 +1076,9 @@ class Writer(metaclass=_Registered):
             self._closed = True
         _registry.remove(self)
         self._producer.close(timeout)
+        # A resend still running ends at once now that the Producer is closed (its connections
+        # failed what they held); its callback is queued before the callback thread stops.
+        self._resender.shutdown(wait=True)
         with self._lock:
             self._stop_sent = True
             self._callbacks.put(_STOP)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import difflib
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .checks import check_float, check_int
 
 __all__ = ["Option", "OPTIONS", "Config"]
 
@@ -29,16 +32,28 @@ class Option:
     nullable: bool = False
     #: exact values accepted outside [min, max] (nsqd's -1 = disabled, 0 = its default)
     special: tuple[Any, ...] = ()
+    #: a float option that accepts infinity (a cap that may be "none"); NaN is never accepted
+    infinite: bool = False
+
+    @property
+    def unit(self) -> str | None:
+        """The unit named in error messages: the first of seconds/bytes the doc mentions."""
+        for unit in ("seconds", "bytes"):
+            if unit in self.doc:
+                return unit
+        return None
 
     def validate(self, value: Any) -> Any:
+        """``value`` checked (and an int made a float for a float option); TypeError for a wrong
+        type (a bool is not a number), ValueError out of range, both naming the option."""
         if value is None and self.nullable:
             return None
         kind = self.kind
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if kind is int and isinstance(value, bool):
-            raise TypeError(f"{self.name} must be int, not bool")
-        if not isinstance(value, kind):
+        if kind is float:
+            value = check_float(value, self.name, self.unit, infinite=self.infinite)
+        elif kind is int:
+            value = check_int(value, self.name, self.unit)
+        elif not isinstance(value, kind):
             names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
             raise TypeError(f"{self.name} must be {names}, not {type(value).__name__} {value!r}")
         if self.choices is not None and value not in self.choices:
@@ -186,7 +201,15 @@ OPTIONS: dict[str, Option] = {
             0,
             None,
         ),
-        Option("max_requeue_delay", 900.0, float, "seconds, cap on a REQ delay", 0, None),
+        Option(
+            "max_requeue_delay",
+            900.0,
+            float,
+            "seconds, cap on a REQ delay (inf: no cap)",
+            0,
+            None,
+            infinite=True,
+        ),
         Option(
             "max_backoff_duration",
             128.0,
@@ -281,16 +304,128 @@ OPTIONS: dict[str, Option] = {
 }
 
 
+#: The TLS options that mean nothing unless ``tls_v1`` is on, with the value that says "not set".
+_TLS_SETTINGS = {
+    "tls_ca_file": None,
+    "tls_cert_file": None,
+    "tls_key_file": None,
+    "tls_server_name": None,
+    "tls_verify": True,
+}
+
+#: nsqd's heartbeat interval when IDENTIFY leaves it to nsqd (``heartbeat_interval=0``), seconds.
+_NSQD_DEFAULT_HEARTBEAT = 30.0
+
+
+def check_pairs(values: Mapping[str, Any]) -> None:
+    """ValueError naming both options when two options contradict each other.
+
+    Each of these would otherwise fail only later, on a connection's or the discovery thread's
+    first handshake, far from the call that set them:
+
+    * ``tls_key_file`` without ``tls_cert_file`` (the certificate file alone is fine: it may
+      hold the key too);
+    * any TLS setting (``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``,
+      ``tls_server_name``, ``tls_verify=False``) without ``tls_v1=True``.  go-nsq and pynsq
+      ignore them then and talk in plain text; nsqclient refuses rather than send in the clear
+      what the caller meant to encrypt (``tls_v1=True`` turns TLS on);
+    * ``snappy`` and ``deflate`` together (nsqd refuses that IDENTIFY: E_IDENTIFY_FAILED);
+    * ``extend_support`` without ``youzan`` (youzan's extension; its messages carry headers a
+      classic nsqd never sends);
+    * ``read_timeout`` not above the heartbeat interval (an idle connection would be declared
+      dead between two heartbeats; go-nsq refuses it too).
+    """
+    if values["tls_key_file"] is not None and values["tls_cert_file"] is None:
+        raise ValueError(
+            "tls_key_file needs tls_cert_file: give the client certificate as tls_cert_file"
+            " (tls_cert_file alone is enough when it holds the key too)"
+        )
+    if not values["tls_v1"]:
+        given = [name for name, unset in _TLS_SETTINGS.items() if values[name] != unset]
+        if given:
+            shown = ", ".join(f"{name}={values[name]!r}" for name in given)
+            raise ValueError(
+                f"{shown} given but tls_v1 is False: pass tls_v1=True to use TLS (without it"
+                " these options would be ignored and the connection would be plain text)"
+            )
+    if values["snappy"] and values["deflate"]:
+        raise ValueError(
+            "snappy and deflate cannot both be on: nsqd refuses the IDENTIFY with"
+            " E_IDENTIFY_FAILED; choose one compression"
+        )
+    if values["extend_support"] and not values["youzan"]:
+        raise ValueError("extend_support is youzan's extension: it needs youzan=True")
+    heartbeat = values["heartbeat_interval"]
+    if heartbeat != -1:
+        heartbeat = heartbeat or _NSQD_DEFAULT_HEARTBEAT
+        if values["read_timeout"] <= heartbeat:
+            default = "" if values["heartbeat_interval"] else ", nsqd's default"
+            raise ValueError(
+                f"read_timeout ({values['read_timeout']:g} s) must be above heartbeat_interval"
+                f" ({heartbeat:g} s{default}): an idle connection gets nothing but heartbeats"
+                " and would be declared dead between two of them"
+            )
+
+
 class Config:
     """Validated options.  ``Config(max_in_flight=10)``; read them as attributes.
 
     Unknown names raise TypeError with the closest known name; bad values raise TypeError or
-    ValueError naming the option.
+    ValueError naming the option, and so do options that only make sense together (see
+    :func:`check_pairs`).  Every option is a typed attribute (the annotations below, kept equal
+    to :data:`OPTIONS` by a test) stored in a slot, so reading one costs a plain attribute read.
+    A Config is immutable: :meth:`replace` makes a changed copy.
     """
 
-    __slots__ = ("_values",)
+    # One annotation per option of OPTIONS, in the same order (defaults, ranges and meanings
+    # live in OPTIONS; tests/test_config.py fails when the two drift apart).
+    dial_timeout: float
+    read_timeout: float
+    write_timeout: float
+    handshake_timeout: float
+    heartbeat_interval: float
+    output_buffer_size: int
+    output_buffer_timeout: float
+    client_id: str | None
+    hostname: str | None
+    user_agent: str | None
+    sample_rate: int
+    msg_timeout: float | None
+    tls_v1: bool
+    tls_ca_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    tls_verify: bool
+    tls_server_name: str | None
+    snappy: bool
+    deflate: bool
+    deflate_level: int
+    auth_secret: str | bytes | None
+    max_frame_size: int
+    youzan: bool
+    extend_support: bool
+    max_in_flight: int
+    concurrency: int
+    max_tries: int
+    default_requeue_delay: float
+    max_requeue_delay: float
+    max_backoff_duration: float
+    backoff_multiplier: float
+    backoff_strategy: str
+    lookupd_poll_interval: float
+    lookupd_poll_jitter: float
+    lookupd_request_timeout: float
+    low_rdy_idle_timeout: float
+    low_rdy_timeout: float
+    rdy_redistribute_interval: float
+    reconnect_interval: float
+    max_reconnect_interval: float
+    pub_timeout: float
+    pub_retries: int
 
-    def __init__(self, **options: Any):
+    __slots__ = tuple(OPTIONS)
+
+    def __init__(self, **options: Any) -> None:
         values = {name: opt.default for name, opt in OPTIONS.items()}
         for name, value in options.items():
             opt = OPTIONS.get(name)
@@ -299,22 +434,20 @@ class Config:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise TypeError(f"unknown option {name!r}{hint}")
             values[name] = opt.validate(value)
-        object.__setattr__(self, "_values", values)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_values":  # not yet set: copy/pickle build the object without __init__
-            raise AttributeError(name)
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        check_pairs(values)
+        set_slot = object.__setattr__
+        for name, value in values.items():
+            set_slot(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable; use replace()")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Config is immutable; use replace()")
+
     def replace(self, **options: Any) -> Config:
         """A copy with some options changed (validated)."""
-        merged = {k: v for k, v in self._values.items() if v != OPTIONS[k].default}
+        merged = {k: v for k, v in self.as_dict().items() if v != OPTIONS[k].default}
         merged.update(options)
         return Config(**merged)
 
@@ -322,10 +455,11 @@ class Config:
         return (_from_dict, (self.as_dict(),))
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self._values)
+        """Every option and its value (a new dict)."""
+        return {name: getattr(self, name) for name in OPTIONS}
 
     def __repr__(self) -> str:
-        changed = {k: v for k, v in self._values.items() if v != OPTIONS[k].default}
+        changed = {k: v for k, v in self.as_dict().items() if v != OPTIONS[k].default}
         if "auth_secret" in changed:
             changed["auth_secret"] = "***"
         return f"Config({', '.join(f'{k}={v!r}' for k, v in changed.items())})"

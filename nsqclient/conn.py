@@ -491,7 +491,7 @@ class Connection:
         return frame.data
 
     def _handshake(self) -> None:
-        from . import __version__
+        from ._version import __version__
 
         cfg = self.config
         transport = self._transport

@@ -322,12 +322,17 @@ def error_from_frame(data: bytes | str) -> ServerError:
 
 
 class HTTPError(NSQError):
-    """An nsqd or nsqlookupd HTTP endpoint answered with an error status.
+    """An nsqd or nsqlookupd HTTP endpoint answered with an error status, or did not answer.
 
     Attributes:
-        status: the HTTP status code (0 when no response arrived at all).
-        message: the server's message (``{"message": ...}`` in 1.x, ``status_txt`` before).
+        status: the HTTP status code, or 0 when no response arrived at all (connection refused,
+            timed out, host name not resolved...): ``message`` then says which.
+        message: the server's message (``{"message": ...}`` in 1.x, ``status_txt`` before), or
+            what went wrong before any reply.
         url: the URL requested.
+
+    ``str()`` reads ``HTTP 500 from URL: MESSAGE``, or ``no reply from URL: MESSAGE`` when
+    status is 0 (no HTTP status was ever received).
     """
 
     def __init__(self, status: int, message: str, url: str = ""):
@@ -335,7 +340,10 @@ class HTTPError(NSQError):
         self.message = message
         self.url = url
         where = f" from {url}" if url else ""
-        super().__init__(f"HTTP {status}{where}: {message}")
+        if status == 0:
+            super().__init__(f"no reply{where}: {message}")
+        else:
+            super().__init__(f"HTTP {status}{where}: {message}")
 
     def __reduce__(self):
         return (type(self), (self.status, self.message, self.url))

@@ -14,9 +14,11 @@ Every request carries ``Accept: application/vnd.nsq; version=1.0`` so that serve
 negotiate answer plain 1.x JSON; the wrapped shape is still parsed when a server ignores it.
 
 Every failure raises :class:`~nsqclient.errors.HTTPError` (or its subclass
-:class:`TopicNotFoundError`): a non-2xx reply carries its status, a transport failure
-(connection refused, timeout, reset) has status 0 and is chained from the requests exception,
-and a 2xx reply that should be JSON but is not raises with ``"invalid JSON: ..."``.
+:class:`TopicNotFoundError`): a non-2xx reply carries its status; a failure before any reply has
+status 0, a message saying what happened and where (``connection refused by 127.0.0.1:4161``,
+``connecting to ... timed out after 5 s``, ``cannot resolve the host name ...``) and is chained
+from the requests exception; a 2xx reply that should be JSON but is not raises with
+``"invalid JSON: ..."``.
 
 Bad input (an invalid topic or channel name, a body that is not bytes or str, an empty MPUB)
 raises ValueError/TypeError before any request is made.
@@ -30,14 +32,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 from urllib.parse import urlsplit
 
 import requests
 
+from .checks import check_float, is_int
 from .errors import HTTPError
 from .protocol import (
     check_body_list,
@@ -104,14 +107,7 @@ def _base_url(address: str) -> str:
 
 
 def _check_timeout(timeout: float) -> float:
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    return float(timeout)
+    return check_float(timeout, "timeout", "seconds", min=0, min_exclusive=True)
 
 
 def _join_host_port(host: str, port: int | str) -> str:
@@ -152,7 +148,7 @@ def producer_address(p: Mapping[str, Any]) -> str:
     if not host:
         raise ValueError(f"lookup producer entry has no broadcast_address: {dict(p)!r}")
     port = _port(p.get("tcp_port"))
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+    if not is_int(port) or not 0 < port < 65536:
         raise ValueError(f"lookup producer entry has no valid tcp_port: {dict(p)!r}")
     return _join_host_port(host, port)
 
@@ -200,6 +196,46 @@ def _full_url(method: str, url: str, params: Mapping[str, Any] | None) -> str:
         return requests.Request(method, url, params=params).prepare().url or url
     except Exception:  # an unpreparable URL already failed the request; report it as given
         return url
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception inside it: requests wraps urllib3's MaxRetryError (in
+    ``args``), whose ``reason`` wraps the socket error (as ``__cause__`` or ``__context__``)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        inner = [getattr(e, "reason", None), e.__cause__, e.__context__, *e.args]
+        todo.extend(i for i in inner if isinstance(i, BaseException))
+    return seen
+
+
+def _no_reply(exc: requests.RequestException, url: str, timeout: float) -> str:
+    """What went wrong before any HTTP reply, in words, naming ``host:port``."""
+    parts = urlsplit(url)
+    where = parts.netloc or url
+    causes = _causes(exc)
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"connecting to {where} timed out after {timeout:g} s"
+    if isinstance(exc, requests.Timeout):
+        return (
+            f"timed out after {timeout:g} s waiting for {where} to answer"
+            " (it accepted the connection)"
+        )
+    if any(isinstance(e, socket.gaierror) for e in causes) or any(
+        type(e).__name__ == "NameResolutionError" for e in causes
+    ):
+        return f"cannot resolve the host name {parts.hostname!r} (port {parts.port})"
+    if any(isinstance(e, ConnectionRefusedError) for e in causes):
+        return f"connection refused by {where} (is nsqd or nsqlookupd listening on that port?)"
+    if any(isinstance(e, ConnectionResetError) for e in causes):
+        return f"{where} reset the connection before answering"
+    if isinstance(exc, requests.ConnectionError):
+        return f"cannot connect to {where}: {exc}"
+    return f"request to {where} failed: {exc}"
 
 
 def _http_error(status: int, message: str, url: str) -> HTTPError:
@@ -263,12 +299,9 @@ class _Client:
                 timeout=timeout,
                 allow_redirects=False,
             )
-        except requests.Timeout as exc:
-            full = _full_url(method, url, params)
-            raise HTTPError(0, f"timed out after {timeout:g} s ({exc})", full) from exc
         except requests.RequestException as exc:
             full = _full_url(method, url, params)
-            raise HTTPError(0, f"request failed: {exc}", full) from exc
+            raise HTTPError(0, _no_reply(exc, full, timeout), full) from exc
         if not 200 <= response.status_code < 300:
             raise _http_error(response.status_code, _error_message(response), response.url)
         return response
@@ -385,13 +418,7 @@ class NsqdHTTPClient(_Client):
         Returns the reply text (``"OK"``).
         """
         topic = check_topic_name(topic)
-        if (
-            isinstance(delay, bool)
-            or not isinstance(delay, int | float)
-            or not math.isfinite(delay)
-            or delay < 0
-        ):
-            raise ValueError(f"dpub delay must be a non-negative number of seconds, not {delay!r}")
+        delay = check_float(delay, "dpub delay", "seconds", min=0)
         data = to_bytes(body)
         defer_ms = int(round(delay * 1000))
         return self._post("/pub", {"topic": topic, "defer": str(defer_ms)}, data, timeout)

@@ -14,6 +14,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from .checks import check_int
 from .errors import ProtocolError
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "OK",
     "CLOSE_WAIT",
     "DEFAULT_MAX_FRAME_SIZE",
+    "LOOKUPD_BAD_PROTOCOL",
     "Frame",
     "FrameReader",
     "DecodedMessage",
@@ -175,9 +177,7 @@ def _sized(body: bytes) -> bytes:
 def _partition(partition: int | None) -> tuple[int, ...]:
     if partition is None:
         return ()
-    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
-        raise ValueError(f"partition must be a non-negative int, not {partition!r}")
-    return (partition,)
+    return (check_int(partition, "partition", min=0),)
 
 
 def _message_id(message_id: bytes | str) -> bytes:
@@ -216,9 +216,7 @@ def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
 
 def rdy(count: int) -> bytes:
     """``RDY <count>\\n``."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ValueError(f"RDY count must be a non-negative int, not {count!r}")
-    return _line(b"RDY", count)
+    return _line(b"RDY", check_int(count, "RDY count", "messages", min=0))
 
 
 def fin(message_id: bytes | str) -> bytes:
@@ -228,8 +226,7 @@ def fin(message_id: bytes | str) -> bytes:
 
 def req(message_id: bytes | str, delay_ms: int) -> bytes:
     """``REQ <id> <delay_ms>\\n``."""
-    if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-        raise ValueError(f"REQ delay must be a non-negative int of milliseconds, not {delay_ms!r}")
+    delay_ms = check_int(delay_ms, "REQ delay", "milliseconds", min=0)
     return b"REQ " + _message_id(message_id) + b" " + str(delay_ms).encode() + b"\n"
 
 
@@ -248,8 +245,8 @@ def nop() -> bytes:
     return b"NOP\n"
 
 
-def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
-    """``PUB <topic>[ <partition>]\\n[size][body]``."""
+def pub(topic: str, body: bytes | str, partition: int | None = None) -> bytes:
+    """``PUB <topic>[ <partition>]\\n[size][body]``; a str body is sent as UTF-8."""
     return _line(b"PUB", check_topic_name(topic), *_partition(partition)) + _sized(_body(body))
 
 
@@ -271,7 +268,7 @@ def check_body_list(bodies: object, command: str) -> None:
         raise TypeError(f"{command} takes a list of message bodies, not a single body")
 
 
-def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
+def mpub(topic: str, bodies: Sequence[bytes | str], partition: int | None = None) -> bytes:
     """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
     check_body_list(bodies, "MPUB")
     line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
@@ -287,17 +284,14 @@ def published_count(command: bytes) -> int:
     return _U32.unpack_from(command, start)[0]
 
 
-def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+def dpub(topic: str, delay_ms: int, body: bytes | str) -> bytes:
     """``DPUB <topic> <delay_ms>\\n[size][body]`` (classic nsqd only; youzan has no DPUB)."""
-    if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-        raise ValueError(f"DPUB delay must be a non-negative int of milliseconds, not {delay_ms!r}")
+    delay_ms = check_int(delay_ms, "DPUB delay", "milliseconds", min=0)
     return _line(b"DPUB", check_topic_name(topic), delay_ms) + _sized(_body(body))
 
 
 def _check_trace_id(trace_id: int) -> int:
-    if not isinstance(trace_id, int) or not 0 <= trace_id < 2**64:
-        raise ValueError(f"trace id must be an unsigned 64-bit int, not {trace_id!r}")
-    return trace_id
+    return check_int(trace_id, "trace id", min=0, max=2**64 - 1)
 
 
 def pub_trace(topic: str, body: bytes, trace_id: int, partition: int | None = None) -> bytes:
@@ -366,21 +360,47 @@ def encode_frame(frame_type: int, data: bytes) -> bytes:
     return _U32.pack(len(data) + 4) + _I32.pack(frame_type) + data
 
 
+#: What nsqlookupd's TCP port (its V1 protocol: ``[4B size][data]``, no frame type) answers to
+#: nsqd's ``"  V2"`` magic, read by a frame reader as a size of 14 and frame type ``b"E_BA"``.
+LOOKUPD_BAD_PROTOCOL = b"E_BAD_PROTOCOL"
+_TEXT_BYTES = frozenset(range(0x20, 0x7F)) | {0x09, 0x0A, 0x0D}
+_SHOWN = 64  # bytes of a foreign peer's reply quoted in the error
+
+
+def _looks_like_text(data: bytes | bytearray) -> bool:
+    return bool(data) and all(b in _TEXT_BYTES for b in data)
+
+
 class FrameReader:
     """Incremental frame parser: ``feed()`` any chunk of the stream, get complete frames back.
 
     It never buffers more than one maximum-size frame plus the bytes of the current chunk, and
     raises :class:`ProtocolError` (and only that) on a stream that is not NSQ: a size below 4, a
     size above ``max_frame_size``, an unknown frame type, or an HTTP reply where a size should be.
-    After an error the reader is broken; the connection must be closed.
+    When the peer is plainly not an nsqd (an HTTP server, nsqlookupd's TCP port, anything that
+    answers in text) the error says so and quotes what it sent.  ``peer`` (``"host:port"``) names
+    it in those messages.  After an error the reader is broken; the connection must be closed.
     """
 
-    __slots__ = ("_buf", "max_frame_size", "_error")
+    __slots__ = ("_buf", "max_frame_size", "_error", "peer")
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, peer: str | None = None):
         self._buf = bytearray()
         self.max_frame_size = max_frame_size
         self._error: ProtocolError | None = None
+        self.peer = peer
+
+    def _not_nsqd(self, sent: bytes | bytearray) -> ProtocolError:
+        """The error for a peer that answered in text: name it, quote it, hint at the port."""
+        shown = bytes(sent[:_SHOWN]) + (b"..." if len(sent) > _SHOWN else b"")
+        if bytes(sent).startswith(LOOKUPD_BAD_PROTOCOL):
+            hint = "nsqlookupd's TCP port answers this way"
+        else:
+            hint = "an nsqd answers in binary frames"
+        return ProtocolError(
+            f"{self.peer or 'the peer'} is not an nsqd TCP port: it sent {shown!r} ({hint};"
+            " nsqd's TCP port is 4150 by default)"
+        )
 
     @property
     def buffered(self) -> int:
@@ -399,11 +419,14 @@ class FrameReader:
         try:
             while end - pos >= 4:
                 if buf[pos : pos + 4] == b"HTTP":
-                    raise ProtocolError("this is an HTTP port, not an nsqd TCP port")
+                    where = f"{self.peer} is" if self.peer else "this is"
+                    raise ProtocolError(f"{where} an HTTP port, not an nsqd TCP port")
                 size = _U32.unpack_from(buf, pos)[0]
                 if size < 4:
                     raise ProtocolError(f"frame size {size} is below the minimum of 4")
                 if size > self.max_frame_size:
+                    if _looks_like_text(buf[pos : pos + 4]):  # text where a size belongs
+                        raise self._not_nsqd(buf[pos:])
                     raise ProtocolError(
                         f"frame size {size} exceeds the maximum of {self.max_frame_size} bytes"
                     )
@@ -411,6 +434,9 @@ class FrameReader:
                     break
                 frame_type = _I32.unpack_from(buf, pos + 4)[0]
                 if frame_type not in (FRAME_TYPE_RESPONSE, FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE):
+                    body = buf[pos + 4 : pos + 4 + size]
+                    if _looks_like_text(body):  # a size-prefixed text reply: not NSQ's V2
+                        raise self._not_nsqd(body)
                     raise ProtocolError(f"unknown frame type {frame_type}")
                 frames.append(Frame(frame_type, bytes(buf[pos + 8 : pos + 4 + size])))
                 pos += 4 + size

@@ -72,11 +72,11 @@ def _rotate(
     keep: list[str] = []
     waiting: list[tuple[float, str]] = []
     for c in conns:
-        holding = c.rdy > 0 and c.rdy_since is not None
-        if holding:
-            last_activity = max(c.rdy_since, c.last_message_at or c.rdy_since)
+        rdy_since = c.rdy_since
+        if c.rdy > 0 and rdy_since is not None:  # holding RDY since then
+            last_activity = max(rdy_since, c.last_message_at or rdy_since)
             idle = now - last_activity >= low_rdy_idle_timeout
-            expired = now - c.rdy_since >= low_rdy_timeout
+            expired = now - rdy_since >= low_rdy_timeout
             if not idle and not expired:
                 keep.append(c.address)
                 continue

@@ -285,7 +285,9 @@ class Transport:
                 try:
                     # Decrypt every complete record already buffered, up to max_bytes.
                     while pos < max_bytes:
-                        n = sslobj.read(max_bytes - pos, plain[pos:max_bytes])
+                        # With a buffer, read() returns the count it wrote there; typeshed
+                        # declares bytes (the return without a buffer).
+                        n: int = sslobj.read(max_bytes - pos, plain[pos:max_bytes])  # type: ignore[assignment]
                         if n == 0:  # close_notify received
                             eof = True
                             break
@@ -379,9 +381,10 @@ class Transport:
         ``server_hostname`` is checked against the certificate when ``context.check_hostname``
         is on (an IP address matches an IP subjectAltName) and sent as SNI when it is a name.
         ``timeout`` (seconds) bounds the whole handshake (``TimeoutError``).  A certificate that
-        fails verification raises :class:`ssl.SSLCertVerificationError` naming the host and the
-        reason; a peer that closes during the handshake raises ``ConnectionError``.  Bytes given
-        back with :meth:`push_back` before this call are fed to TLS as the first ciphertext.
+        fails verification raises :class:`ssl.SSLCertVerificationError` naming the host, the
+        reason and the options that fix it (``tls_ca_file``, ``tls_verify=False``); a peer
+        that closes during the handshake raises ``ConnectionError``.  Bytes given back with
+        :meth:`push_back` before this call are fed to TLS as the first ciphertext.
         """
         if self._sslobj is not None:
             raise RuntimeError("TLS is already on for this transport")
@@ -425,8 +428,9 @@ class Transport:
             reason = exc.verify_message or exc.reason or str(exc)
             err = ssl.SSLCertVerificationError(
                 exc.errno,
-                f"TLS certificate verification failed for {peer}: {reason}; pass the CA that "
-                "signed the server certificate as ca_file, or disable verification",
+                f"TLS certificate verification failed for {peer}: {reason}; pass the CA that"
+                " signed nsqd's certificate as tls_ca_file (a PEM file), or tls_verify=False to"
+                " skip verification (anyone on the path can then read and change the traffic)",
             )
             err.verify_code = exc.verify_code
             err.verify_message = exc.verify_message
@@ -573,7 +577,7 @@ def make_tls_context(
     TLS version accepted.  Renegotiation is refused (nsqd, being Go, never asks for it).
     """
     if key_file is not None and cert_file is None:
-        raise ValueError("key_file needs cert_file")
+        raise ValueError("key_file (option tls_key_file) needs cert_file (tls_cert_file)")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = min_version
     if verify:

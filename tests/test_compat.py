@@ -531,6 +531,23 @@ def test_unknown_and_ignored_kwargs(caplog):
     assert reader in compat._registry.snapshot()[0]
 
 
+def test_tls_options_without_tls_v1_are_ignored_as_in_pynsq(caplog):
+    # pynsq used tls_options only when tls_v1 was set; nsqclient's Config refuses TLS settings
+    # without tls_v1, so the drop-in drops them (with a warning) for a legacy program.
+    address = "127.0.0.1:4150"  # never started
+    with caplog.at_level(logging.WARNING, logger="nsqclient.compat"):
+        writer = compat.Writer([address], tls_options={"ca_certs": "/etc/ca.pem"})
+    assert "tls_options ignored because tls_v1 is not set" in caplog.text
+    cfg = writer.producer.config
+    assert (cfg.tls_v1, cfg.tls_ca_file) == (False, None)
+    writer.close()
+    with pytest.raises(TypeError, match="tls_options key 'server_side'"):
+        compat.Writer([address], tls_options={"server_side": True})
+    # nsqclient's own names are not pynsq's: those fail at the call site, naming tls_v1.
+    with pytest.raises(ValueError, match="tls_v1=True"):
+        compat.Writer([address], tls_ca_file="/etc/ca.pem")
+
+
 def test_errors_map_to_nsqclient_hierarchy():
     assert compat.Error is NSQError
     assert issubclass(ServerError, compat.Error)
@@ -629,6 +646,65 @@ def test_writer_unreachable_nsqd(caplog):
     with caplog.at_level(logging.ERROR, logger="nsqclient.compat"):
         writer.pub("t", b"y")
         wait_for(lambda: any("failed to pub" in r.getMessage() for r in caplog.records))
+
+
+def _failed(exc):
+    future = Future()
+    future.set_exception(exc)
+    return future
+
+
+def test_writer_resends_what_nsqd_provably_did_not_process_through_the_producer(nsqd, monkeypatch):
+    """A publish queued behind another one's fatal error (nsqd processed nothing after it) is
+    handed to the Producer's own blocking publish, which stores it: one resend policy."""
+    from nsqclient.testing.helpers import message_count
+
+    writer = compat.Writer([nsqd.nsqd.tcp_address])
+    producer = writer.producer
+    behind_fatal = ConnectionClosedError("queued behind E_BAD_MESSAGE", maybe_processed=False)
+    monkeypatch.setattr(producer, "pub_async", lambda topic, body: _failed(behind_fatal))
+    resent = []
+    real_pub = producer.pub
+    monkeypatch.setattr(
+        producer,
+        "pub",
+        lambda topic, body: resent.append(threading.current_thread().name) or real_pub(topic, body),
+    )
+    answers = queue.Queue()
+    future = writer.pub("resent", b"x", lambda conn, data: answers.put((conn, data)))
+    conn, data = answers.get(timeout=10)
+    assert data == b"OK" and conn.id == nsqd.nsqd.tcp_address
+    assert future.result(timeout=1) == b"OK"
+    assert resent == [f"nsq-resend-{writer.name}_0"]
+    assert message_count(nsqd.nsqd, "resent") == 1
+    writer.close()
+
+
+def test_writer_never_resends_a_publish_whose_outcome_is_unknown(nsqd, monkeypatch):
+    # As in pynsq: the connection died with the publish in flight; the callback decides.
+    writer = compat.Writer([nsqd.nsqd.tcp_address])
+    producer = writer.producer
+    unknown = ConnectionClosedError("connection reset", maybe_processed=True)
+    monkeypatch.setattr(producer, "pub_async", lambda topic, body: _failed(unknown))
+    monkeypatch.setattr(producer, "pub", lambda *a: pytest.fail("resent a maybe-stored publish"))
+    answers = queue.Queue()
+    writer.pub("t", b"x", lambda conn, data: answers.put(data))
+    assert answers.get(timeout=10) is unknown
+    writer.close()
+    with pytest.raises(TypeError, match="does not take pub_retries"):
+        compat.Writer([nsqd.nsqd.tcp_address], pub_retries=2)
+
+
+def test_writer_resend_that_cannot_reach_nsqd_is_a_send_error(monkeypatch):
+    address = f"127.0.0.1:{free_port()}"
+    writer = compat.Writer(address, reconnect_interval=0.1)
+    behind_fatal = ConnectionClosedError("queued behind E_BAD_MESSAGE", maybe_processed=False)
+    monkeypatch.setattr(writer.producer, "pub_async", lambda topic, body: _failed(behind_fatal))
+    answers = queue.Queue()
+    writer.pub("t", b"x", lambda conn, data: answers.put(data))
+    data = answers.get(timeout=10)
+    assert isinstance(data, compat.SendError) and "could not reach any nsqd" in str(data)
+    writer.close()
 
 
 def test_writer_bad_input_raises_at_the_call_site(nsqd):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import copy
 import pickle
+import types
+import typing
 from collections.abc import Callable
 
 import pytest
 
 from nsqclient import config as config_module
+from nsqclient.checks import NotANumberError, check_float, check_int, is_int, is_number
 from nsqclient.config import OPTIONS, Config, Option, identify_payload
 
 FLOAT_OPTIONS = sorted(name for name, opt in OPTIONS.items() if opt.kind is float)
@@ -46,6 +49,39 @@ def test_every_default_passes_its_own_validation() -> None:
         assert opt.doc
 
 
+def _annotation_types(annotation: object) -> tuple[type, ...]:
+    if isinstance(annotation, types.UnionType):
+        return tuple(typing.get_args(annotation))
+    assert isinstance(annotation, type), annotation
+    return (annotation,)
+
+
+def test_config_annotations_and_options_cannot_drift() -> None:
+    """Config's class annotations (what a type checker sees) name exactly the options of OPTIONS
+    (the defaults, ranges and docs), in the same order, with the same types."""
+    hints = typing.get_type_hints(Config)
+    assert list(hints) == list(OPTIONS)
+    for name, opt in OPTIONS.items():
+        accepted = _annotation_types(hints[name])
+        kinds = opt.kind if isinstance(opt.kind, tuple) else (opt.kind,)
+        assert set(accepted) - {type(None)} == set(kinds), name
+        assert (type(None) in accepted) == opt.nullable, name
+        default = opt.default
+        assert isinstance(default, accepted), (name, default, hints[name])
+        if bool not in accepted:
+            assert not isinstance(default, bool), name
+
+
+def test_options_are_slots_not_a_dict_lookup() -> None:
+    """Consumer and Producer read options on hot paths: each is a slot of its own."""
+    c = Config(max_in_flight=9)
+    assert set(Config.__slots__) == set(OPTIONS)
+    assert not hasattr(c, "__dict__")
+    assert "__getattr__" not in vars(Config)  # a type checker would see Any through it
+    assert isinstance(vars(Config)["max_in_flight"], types.MemberDescriptorType)
+    assert c.max_in_flight == 9
+
+
 def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no_such_option"):
         Config().no_such_option  # noqa: B018
@@ -58,15 +94,32 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 @pytest.mark.parametrize("name", FLOAT_OPTIONS)
 def test_int_accepted_for_float_option(name: str) -> None:
     opt = OPTIONS[name]
-    value = int(opt.min) if opt.min is not None and opt.min >= 1 else 1
+    # the default when it is a whole number (valid alone and beside every other default), else 1
+    default = opt.default
+    value = int(default) if isinstance(default, float) and default.is_integer() else 1
     got = getattr(Config(**{name: value}), name)
     assert type(got) is float and got == value
 
 
 @pytest.mark.parametrize("name", INT_OPTIONS)
 def test_bool_refused_for_int_option(name: str) -> None:
-    with pytest.raises(TypeError, match=f"{name} must be int, not bool"):
+    with pytest.raises(TypeError, match=f"{name} must be an int.*, not True"):
         Config(**{name: True})
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("name", ["dial_timeout", "msg_timeout", "pub_timeout"])
+def test_nan_and_infinity_refused_for_float_option(name: str, value: float) -> None:
+    # NaN compares False with every bound, so a range check alone let it through.
+    with pytest.raises(ValueError, match=f"{name} must be a number of seconds \\(finite\\)"):
+        Config(**{name: value})
+
+
+def test_infinity_only_where_it_means_no_cap() -> None:
+    assert Config(max_requeue_delay=float("inf")).max_requeue_delay == float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        Config(max_requeue_delay=float("nan"))
+    assert [name for name, opt in OPTIONS.items() if opt.infinite] == ["max_requeue_delay"]
 
 
 @pytest.mark.parametrize("name", ["dial_timeout", "msg_timeout", "pub_timeout"])
@@ -215,6 +268,12 @@ def test_replace_validates() -> None:
         base.replace(max_inflight=5)
 
 
+def test_pickle_rebuilds_through_validation_with_pairs() -> None:
+    # copy and pickle go through __reduce__, i.e. Config(**as_dict()): validated again.
+    c = Config(tls_v1=True, tls_cert_file="c.pem", tls_key_file="k.pem")
+    assert pickle.loads(pickle.dumps(c)).tls_key_file == "k.pem"
+
+
 def test_config_is_immutable() -> None:
     c = Config(max_in_flight=3)
     with pytest.raises(AttributeError, match="immutable"):
@@ -323,8 +382,155 @@ def test_identify_payload_extend_support_only_when_set(fqdn: str) -> None:
 
 
 def test_identify_payload_carries_negotiated_features(fqdn: str) -> None:
-    c = Config(tls_v1=True, snappy=True, deflate=True, deflate_level=3, sample_rate=25)
+    c = Config(tls_v1=True, deflate=True, deflate_level=3, sample_rate=25)
     payload = identify_payload(c, "0")
-    assert (payload["tls_v1"], payload["snappy"], payload["deflate"]) == (True, True, True)
+    assert (payload["tls_v1"], payload["snappy"], payload["deflate"]) == (True, False, True)
     assert (payload["deflate_level"], payload["sample_rate"]) == (3, 25)
     assert payload["feature_negotiation"] is True
+
+
+# ------------------------------------------------------------------------------------------
+# Options that only make sense together (issue 8: they failed later, on a background thread)
+
+
+def test_tls_key_without_cert_is_refused_naming_both() -> None:
+    with pytest.raises(ValueError, match="tls_key_file needs tls_cert_file"):
+        Config(tls_v1=True, tls_key_file="/etc/nsq/client.key")
+
+
+def test_tls_cert_alone_is_fine_it_may_hold_the_key() -> None:
+    c = Config(tls_v1=True, tls_cert_file="/etc/nsq/client.pem")
+    assert (c.tls_cert_file, c.tls_key_file) == ("/etc/nsq/client.pem", None)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"tls_ca_file": "/etc/nsq/ca.pem"},
+        {"tls_cert_file": "/etc/nsq/client.pem"},
+        {"tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
+        {"tls_server_name": "nsqd.example"},
+        {"tls_verify": False},
+    ],
+)
+def test_tls_settings_without_tls_v1_are_refused(options: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="given but tls_v1 is False: pass tls_v1=True") as exc:
+        Config(**options)
+    for name in options:
+        assert name in str(exc.value)
+    assert Config(tls_v1=True, **options).tls_v1 is True
+
+
+def test_tls_verify_true_without_tls_v1_is_the_default_and_fine() -> None:
+    assert Config(tls_verify=True).tls_v1 is False
+
+
+def test_snappy_and_deflate_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="snappy and deflate cannot both be on"):
+        Config(snappy=True, deflate=True)
+    assert Config(snappy=True).snappy and Config(deflate=True).deflate
+
+
+def test_extend_support_needs_youzan() -> None:
+    with pytest.raises(ValueError, match="extend_support .* needs youzan=True"):
+        Config(extend_support=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "heartbeat"),
+    [
+        ({"read_timeout": 30}, "30 s"),  # the default heartbeat_interval
+        ({"read_timeout": 10, "heartbeat_interval": 0}, "30 s, nsqd's default"),
+        ({"heartbeat_interval": 90}, "90 s"),  # the default read_timeout is 60
+    ],
+)
+def test_read_timeout_must_be_above_the_heartbeat(
+    options: dict[str, float], heartbeat: str
+) -> None:
+    with pytest.raises(ValueError, match="read_timeout") as exc:
+        Config(**options)
+    assert f"heartbeat_interval ({heartbeat})" in str(exc.value)
+
+
+def test_read_timeout_is_free_when_heartbeats_are_off_or_shorter() -> None:
+    assert Config(read_timeout=5, heartbeat_interval=-1).read_timeout == 5.0
+    assert Config(read_timeout=5, heartbeat_interval=2).read_timeout == 5.0
+
+
+def test_replace_checks_pairs_too() -> None:
+    base = Config(tls_v1=True, tls_cert_file="c.pem", tls_key_file="k.pem")
+    with pytest.raises(ValueError, match="tls_key_file needs tls_cert_file"):
+        base.replace(tls_cert_file=None)
+
+
+# ------------------------------------------------------------------------------------------
+# The "a number, not a bool" checks (nsqclient.checks), used by Config and every public call
+
+
+@pytest.mark.parametrize("value", [True, False, "1", None, b"1", [1]])
+def test_check_int_refuses_non_ints_naming_argument_and_unit(value: object) -> None:
+    with pytest.raises(NotANumberError) as exc:
+        check_int(value, "REQ delay", "milliseconds", min=0)
+    assert str(exc.value) == f"REQ delay must be a non-negative int of milliseconds, not {value!r}"
+    # Both a TypeError (a wrong type) and a ValueError (what the encoders always raised).
+    assert isinstance(exc.value, TypeError) and isinstance(exc.value, ValueError)
+
+
+def test_check_int_refuses_a_float_even_a_whole_one() -> None:
+    with pytest.raises(NotANumberError, match="partition must be a non-negative int, not 2.0"):
+        check_int(2.0, "partition", min=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad", "text"),
+    [
+        ({"min": 0}, -1, "count must be a non-negative int of messages, not -1"),
+        ({"min": 1, "max": 65535}, 0, "count must be an int of messages (from 1 to 65535), not 0"),
+        ({"min": 1, "max": 65535}, 65536, "(from 1 to 65535), not 65536"),
+        ({"min": 5}, 4, "count must be an int of messages (>= 5), not 4"),
+        ({"max": 5}, 6, "count must be an int of messages (<= 5), not 6"),
+    ],
+)
+def test_check_int_ranges(kwargs: dict[str, int], bad: int, text: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        check_int(bad, "count", "messages", **kwargs)
+    assert not isinstance(exc.value, TypeError)
+    assert text in str(exc.value)
+    for good in (bound for bound in kwargs.values() if bound is not None):  # inclusive bounds
+        assert check_int(good, "count", "messages", **kwargs) == good
+
+
+@pytest.mark.parametrize("value", [True, "1.5", None, 1j])
+def test_check_float_refuses_non_numbers(value: object) -> None:
+    with pytest.raises(
+        NotANumberError, match=f"timeout must be a positive number of seconds, not {value!r}"
+    ):
+        check_float(value, "timeout", "seconds", min=0, min_exclusive=True)
+
+
+def test_check_float_bounds_and_conversion() -> None:
+    assert check_float(3, "timeout", "seconds") == 3.0
+    assert type(check_float(3, "timeout", "seconds")) is float
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds, not 0$"):
+        check_float(0, "timeout", "seconds", min=0, min_exclusive=True)
+    assert check_float(0, "delay", "seconds", min=0) == 0.0
+    with pytest.raises(
+        ValueError, match=r"delay must be a number of seconds \(>= 0.001\), not 0.0001"
+    ):
+        check_float(0.0001, "delay", "seconds", min=0.001)
+    with pytest.raises(ValueError, match=r"x must be a number \(> 1 and <= 2\), not 1$"):
+        check_float(1, "x", min=1, min_exclusive=True, max=2)
+
+
+def test_check_float_nan_and_infinity() -> None:
+    for value in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ValueError, match="finite"):
+            check_float(value, "timeout", "seconds")
+    assert check_float(float("inf"), "cap", "seconds", infinite=True) == float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        check_float(float("nan"), "cap", "seconds", infinite=True)
+
+
+def test_is_int_and_is_number() -> None:
+    assert is_int(3) and not is_int(True) and not is_int(3.0) and not is_int("3")
+    assert is_number(3) and is_number(3.5) and not is_number(False) and not is_number(None)

@@ -12,6 +12,7 @@ from nsqclient.errors import (
     HTTPError,
     NSQError,
     NSQTimeoutError,
+    ProtocolError,
     ServerError,
     UnknownServerError,
     error_from_frame,
@@ -246,7 +247,15 @@ def test_server_error_from_frame_pickles() -> None:
     ("exc", "text"),
     [
         (HTTPError(500, "Topic has no channel", "http://127.0.0.1:4161/lookup?topic=t"), None),
-        (HTTPError(0, "connection refused"), "HTTP 0: connection refused"),
+        (HTTPError(0, "connection refused"), "no reply: connection refused"),
+        (
+            HTTPError(404, "TOPIC_NOT_FOUND", "http://h:1/lookup"),
+            "HTTP 404 from http://h:1/lookup: TOPIC_NOT_FOUND",
+        ),
+        (
+            HTTPError(0, "connection refused by h:1", "http://h:1/ping"),
+            "no reply from http://h:1/ping: connection refused by h:1",
+        ),
     ],
 )
 def test_http_error_pickles(exc: HTTPError, text: str | None) -> None:
@@ -298,3 +307,19 @@ def test_connection_closed_error_pickles(maybe_processed: bool) -> None:
     assert type(back) is errors.ConnectionClosedError
     assert str(back) == "reset by peer" and back.maybe_processed is maybe_processed
     assert errors.ConnectionClosedError("x").maybe_processed is True
+
+
+# ------------------------------------------------------------------------------------------
+# Errors that say what is wrong (issue 8), against the broker's real listening sockets
+
+
+def test_lookupd_tcp_port_given_as_an_nsqd_address_says_so(nsqd, connect) -> None:
+    # nsqlookupd answers nsqd's "  V2" magic with its own [size]E_BAD_PROTOCOL, which read as
+    # NSQ frames was "unknown frame type 1163870785".
+    lookupd = nsqd.lookupd
+    with pytest.raises(ProtocolError) as exc_info:
+        connect(f"{lookupd.host}:{lookupd.tcp_port}")
+    text = str(exc_info.value)
+    assert "is not an nsqd TCP port: it sent b'E_BAD_PROTOCOL'" in text
+    assert "nsqlookupd's TCP port answers this way" in text and "4150" in text
+    assert "unknown frame type" not in text

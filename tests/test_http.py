@@ -814,6 +814,58 @@ def test_timeout_is_status_0() -> None:
         assert isinstance(exc_info.value.__cause__, requests.Timeout)
 
 
+def test_no_reply_says_connection_refused_with_the_address() -> None:
+    # issue 8: this read "HTTP 0 from http://127.0.0.1:P/ping: request failed: HTTPConnectionPool(
+    # host='127.0.0.1', port=P): Max retries exceeded with url: /ping (Caused by ...)".
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, not listening: connecting is refused
+        port = sock.getsockname()[1]
+        with LookupdClient(f"127.0.0.1:{port}") as client, pytest.raises(HTTPError) as exc_info:
+            client.lookup("t")
+    err = exc_info.value
+    assert err.message == (
+        f"connection refused by 127.0.0.1:{port} (is nsqd or nsqlookupd listening on that port?)"
+    )
+    assert str(err) == f"no reply from http://127.0.0.1:{port}/lookup?topic=t: {err.message}"
+    assert "HTTP 0" not in str(err)
+
+
+def test_no_reply_says_timed_out_waiting_for_the_answer() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)  # the kernel completes the connection; nobody ever answers
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        with NsqdHTTPClient(address, timeout=0.2) as client, pytest.raises(HTTPError) as exc_info:
+            client.ping()
+    assert exc_info.value.message == (
+        f"timed out after 0.2 s waiting for {address} to answer (it accepted the connection)"
+    )
+    assert str(exc_info.value).startswith(f"no reply from http://{address}/ping: timed out")
+
+
+def test_no_reply_says_the_host_name_did_not_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The resolver is replaced so that the test does not depend on this machine's DNS.
+    def no_such_name(host: str, *args: Any, **kwargs: Any) -> Any:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    with LookupdClient("nsqlookupd.invalid:4161") as client, pytest.raises(HTTPError) as exc_info:
+        client.ping()
+    assert exc_info.value.status == 0
+    assert exc_info.value.message == "cannot resolve the host name 'nsqlookupd.invalid' (port 4161)"
+    assert isinstance(exc_info.value.__cause__, requests.ConnectionError)
+
+
+def test_no_reply_says_connect_timed_out() -> None:
+    # A connect timeout needs a network that drops SYNs, which a test cannot count on: the
+    # wording is checked on the exception requests raises then.
+    from nsqclient.http import _no_reply
+
+    exc = requests.ConnectTimeout("HTTPConnectionPool(host='10.1.2.3', port=4161): timed out")
+    text = _no_reply(exc, "http://10.1.2.3:4161/ping", 2.0)
+    assert text == "connecting to 10.1.2.3:4161 timed out after 2 s"
+
+
 # -- validation before any request -------------------------------------------------------------
 
 BAD_NAMES = ["bad topic", "", "x" * 65, "a/b", None, 42]

@@ -259,12 +259,16 @@ def test_ext_header_of_65534_bytes_is_accepted() -> None:
     assert out == b"PUB_EXT t\n" + sized(u16(65534) + ext + b"B")
 
 
-@pytest.mark.parametrize("trace_id", [-1, 2**64, 1.5, "1"])
+@pytest.mark.parametrize("trace_id", [-1, 2**64, 1.5, "1", True])
 def test_bad_trace_id(trace_id: object) -> None:
     with pytest.raises(ValueError, match="trace id"):
         protocol.pub_trace("t", b"x", trace_id)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="trace id"):
         protocol.mpub_trace("t", [b"x"], [trace_id])  # type: ignore[list-item]
+
+
+def test_largest_trace_id_is_accepted() -> None:
+    assert protocol.pub_trace("t", b"x", 2**64 - 1).endswith(u64(2**64 - 1) + b"x")
 
 
 def test_mpub_trace_and_ext_need_one_per_message() -> None:
@@ -647,6 +651,51 @@ def test_reader_detects_http_reply_after_frames() -> None:
     assert reader.feed(protocol.encode_frame(0, b"OK")) == [Frame(0, b"OK")]
     with pytest.raises(ProtocolError, match="HTTP port"):
         reader.feed(b"HTTP/1.1 400 Bad Request\r\n")
+
+
+def test_reader_names_the_peer_of_an_http_reply() -> None:
+    reader = FrameReader(peer="127.0.0.1:4151")
+    with pytest.raises(ProtocolError, match="^127.0.0.1:4151 is an HTTP port, not an nsqd TCP"):
+        reader.feed(b"HTTP/1.1 400 Bad Request\r\n")
+
+
+def test_reader_says_lookupd_tcp_port_is_not_nsqd() -> None:
+    # nsqlookupd's V1 protocol answers nsqd's "  V2" with [4B size]E_BAD_PROTOCOL: read as
+    # frames, that was "unknown frame type 1163870785" (b"E_BA").
+    reply = size(14) + b"E_BAD_PROTOCOL"
+    with pytest.raises(ProtocolError) as exc:
+        FrameReader(peer="127.0.0.1:4160").feed(reply)
+    assert str(exc.value) == (
+        "127.0.0.1:4160 is not an nsqd TCP port: it sent b'E_BAD_PROTOCOL' (nsqlookupd's TCP port"
+        " answers this way; nsqd's TCP port is 4150 by default)"
+    )
+    # The handshake feeds the 4-byte size first, then the rest: same answer.
+    reader = FrameReader()
+    assert reader.feed(reply[:4]) == []
+    with pytest.raises(ProtocolError, match="^the peer is not an nsqd TCP port: it sent b'E_BAD"):
+        reader.feed(reply[4:])
+
+
+def test_reader_says_unframed_text_is_not_nsqd() -> None:
+    with pytest.raises(ProtocolError) as exc:
+        FrameReader(peer="h:1").feed(b"E_INVALID invalid command\n")
+    assert str(exc.value) == (
+        "h:1 is not an nsqd TCP port: it sent b'E_INVALID invalid command\\n' (an nsqd answers"
+        " in binary frames; nsqd's TCP port is 4150 by default)"
+    )
+
+
+def test_reader_quotes_at_most_64_bytes_of_a_foreign_reply() -> None:
+    with pytest.raises(ProtocolError, match=r"it sent b'(SSH-2\.0-x{56})\.\.\.' \(") as exc:
+        FrameReader().feed(b"SSH-2.0-" + b"x" * 100)
+    assert "x" * 57 not in str(exc.value)
+
+
+def test_reader_binary_garbage_keeps_the_plain_messages() -> None:
+    with pytest.raises(ProtocolError, match="^frame size 4294967295 exceeds the maximum"):
+        FrameReader().feed(b"\xff\xff\xff\xff")
+    with pytest.raises(ProtocolError, match="^unknown frame type 7$"):
+        FrameReader().feed(size(5) + struct.pack(">i", 7) + b"\x00")
 
 
 @pytest.mark.parametrize("bad", [0, 1, 3])

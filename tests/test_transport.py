@@ -726,10 +726,27 @@ def test_tls_unknown_ca_fails_with_clear_message(pair):
         t.upgrade_tls(client_context(ca_file=None), "localhost", TIMEOUT)
     message = str(info.value)
     assert "verification failed for localhost" in message
-    assert "ca_file" in message
+    # issue 8: it named "ca_file" (the option is tls_ca_file) and not how to skip verification
+    assert "as tls_ca_file" in message and "tls_verify=False to skip verification" in message
     assert info.value.verify_code != 0
     assert isinstance(server.finish(), ssl.SSLError)  # the server got our alert
     assert t.tls_version is None
+
+
+def test_tls_verification_error_from_the_broker_names_the_options(nsq_cluster_factory):
+    # The same message through a whole Producer against the broker's TLS nsqd: what a user
+    # who forgot tls_ca_file reads.
+    from nsqclient import Producer
+    from nsqclient.errors import ConnectionClosedError
+
+    cluster = nsq_cluster_factory(lookupd=False, tls_cert=CERT, tls_key=KEY)
+    with Producer(cluster.nsqd.tcp_address, tls_v1=True) as producer:
+        with pytest.raises(ConnectionClosedError) as info:
+            producer.pub("t", b"x", timeout=10)
+    message = str(info.value)
+    assert "TLS certificate verification failed for 127.0.0.1" in message
+    assert "as tls_ca_file" in message and "tls_verify=False to skip verification" in message
+    assert " ca_file" not in message.replace("as tls_ca_file", "")
 
 
 def test_tls_hostname_mismatch(pair):
