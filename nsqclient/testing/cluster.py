@@ -47,7 +47,7 @@ class EmbeddedNSQ:
         lookupd_addresses: optional ``(tcp_address, http_address)`` for the nsqlookupd.
         lookupd_legacy_json: the nsqlookupd wraps its JSON like pre-1.0 releases.
         **nsqd_options: nsqd flags with underscores, durations in seconds
-            (see :class:`~nsqclient.testing.nsqd.NSQDOptions`).
+            (see :class:`~nsqclient.testing.options.NSQDOptions`).
     """
 
     kind = "embedded"
@@ -177,7 +177,7 @@ class EmbeddedNSQ:
                 _, tcp_port = _split(self._lookupd_addresses[0])
                 _, http_port = _split(self._lookupd_addresses[1])
             self._lookupd_server = Lookupd(
-                self._loop,
+                asyncio.get_running_loop(),
                 host=self.host,
                 tcp_port=tcp_port,
                 http_port=http_port,
@@ -219,7 +219,7 @@ class EmbeddedNSQ:
 
         async def create() -> NSQD:
             server = NSQD(
-                self._loop,
+                asyncio.get_running_loop(),
                 opts,
                 host=self.host,
                 tcp_port=tcp_port,

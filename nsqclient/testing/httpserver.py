@@ -17,8 +17,18 @@ import re
 import urllib.parse
 from collections.abc import Callable
 from http import HTTPStatus
+from typing import Protocol, cast
 
-__all__ = ["Request", "Response", "Router", "HTTPServerProtocol", "parse_query", "QueryError"]
+__all__ = [
+    "Request",
+    "Response",
+    "Router",
+    "HTTPServerProtocol",
+    "HTTPOwner",
+    "Dispatcher",
+    "parse_query",
+    "QueryError",
+]
 
 log = logging.getLogger("nsqclient.testing.http")
 
@@ -112,6 +122,24 @@ class Response:
 Handler = Callable[[Request], Response]
 
 
+class Dispatcher(Protocol):
+    """Anything that answers a request (a :class:`Router` or an API object wrapping one)."""
+
+    def dispatch(self, request: Request) -> Response:
+        """The reply to ``request``."""
+
+
+class HTTPOwner(Protocol):
+    """What an HTTP connection needs of the server it belongs to."""
+
+    stalled: bool
+    http_conns: set[HTTPServerProtocol]
+
+    @property
+    def router(self) -> Dispatcher:
+        """Routes requests to handlers."""
+
+
 class Router:
     """Method + exact path routing with Go httprouter's 404/405 behaviour."""
 
@@ -169,7 +197,7 @@ class HTTPServerProtocol(asyncio.Protocol):
     never answer) and ``http_conns`` (a set this connection adds itself to).
     """
 
-    def __init__(self, owner):
+    def __init__(self, owner: HTTPOwner):
         self.owner = owner
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
@@ -177,7 +205,8 @@ class HTTPServerProtocol(asyncio.Protocol):
         self.peer = ""
         self._continued = False  # "100 Continue" already sent for the pending request
 
-    def connection_made(self, transport):  # noqa: D401 - asyncio callback
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         peer = transport.get_extra_info("peername")
         if peer:
@@ -327,6 +356,8 @@ class HTTPServerProtocol(asyncio.Protocol):
                     },
                 )
             close = close or response.close
+            if self.transport is None:
+                return
             self.transport.write(
                 render_response(response, close=close and version == "HTTP/1.1", version=version)
             )

@@ -8,23 +8,22 @@ status nsqd uses, ``X-Nsq-Content-Type: nsq; version=1.0`` on every API reply bu
 from __future__ import annotations
 
 import gc
+import json
 import socket
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..protocol import valid_channel_name, valid_topic_name
+from .gostyle import JSON_CONTENT_TYPE, NSQ_V1, VERSION, go_duration, v1_error, v1_response
 from .httpserver import QueryError, Request, Response, Router, parse_query
-from .nsqd import VERSION, Message, go_json
+from .ids import GUIDFactory
+from .options import NSQDOptions
+from .protocol_v2 import ClientConn
+from .queues import Channel, Message, Topic
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .nsqd import NSQD, Channel, Topic
-
-__all__ = ["NSQDHTTP", "v1_response", "v1_error", "go_duration"]
-
-_JSON = "application/json; charset=utf-8"
-_NSQ_V1 = "nsq; version=1.0"
+__all__ = ["NSQDHTTP", "NodeAPI"]
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -35,56 +34,6 @@ class HTTPErr(Exception):
         super().__init__(text)
         self.status = status
         self.text = text
-
-
-def v1_response(data: Any = None) -> Response:
-    """nsqd's RespondV1 for a 200."""
-    headers = {"X-Nsq-Content-Type": _NSQ_V1}
-    if data is None:
-        body = b""
-    elif isinstance(data, bytes):
-        body = data
-    elif isinstance(data, str):
-        body = data.encode("utf-8")
-    else:
-        headers["Content-Type"] = _JSON
-        body = go_json(data)
-    return Response(200, body, headers)
-
-
-def v1_error(status: int, text: str, extra: dict[str, str] | None = None) -> Response:
-    """nsqd's RespondV1 for an error: ``{"message": text}``."""
-    headers = {"Content-Type": _JSON, "X-Nsq-Content-Type": _NSQ_V1}
-    if extra:
-        headers.update(extra)
-    return Response(status, go_json({"message": text}), headers)
-
-
-def go_duration(seconds: float) -> str:
-    """Go's ``time.Duration.String()`` for a positive duration."""
-    ns = int(seconds * 1e9)
-    if ns == 0:
-        return "0s"
-    if ns < 1000:
-        return f"{ns}ns"
-    if ns < 1_000_000:
-        return _trim(f"{ns / 1e3:.3f}") + "µs"
-    if ns < 1_000_000_000:
-        return _trim(f"{ns / 1e6:.6f}") + "ms"
-    hours, rem = divmod(ns, 3600 * 10**9)
-    minutes, rem = divmod(rem, 60 * 10**9)
-    secs = _trim(f"{rem / 1e9:.9f}") + "s"
-    if hours:
-        return f"{hours}h{minutes}m{secs}"
-    if minutes:
-        return f"{minutes}m{secs}"
-    return secs
-
-
-def _trim(text: str) -> str:
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return text
 
 
 def _memory_stats() -> dict[str, int]:
@@ -105,10 +54,33 @@ def _memory_stats() -> dict[str, int]:
 _E2E_EMPTY = {"count": 0, "percentiles": None}
 
 
+class NodeAPI(Protocol):
+    """What the HTTP API needs of its nsqd node."""
+
+    opts: NSQDOptions
+    guid: GUIDFactory
+    topics: dict[str, Topic]
+    start_time: int
+    tcp_port: int
+    http_port: int
+
+    def get_topic(self, name: str) -> Topic:
+        """The topic ``name``, created on first use."""
+
+    def delete_topic(self, name: str) -> bool:
+        """Delete the topic ``name``; False when there is none."""
+
+    def set_lookupd_addresses(self, addresses: list[str]) -> None:
+        """Register with these nsqlookupd TCP addresses from now on."""
+
+    def producers(self) -> list[ClientConn]:
+        """The client connections that have published."""
+
+
 class NSQDHTTP:
     """Routes and handlers for one embedded nsqd node."""
 
-    def __init__(self, nsqd: NSQD):
+    def __init__(self, nsqd: NodeAPI):
         self.nsqd = nsqd
         r = Router(self._not_found, self._method_not_allowed)
         r.add("GET", "/ping", self.ping)
@@ -137,7 +109,9 @@ class NSQDHTTP:
         """Route one request (``TLS_REQUIRED`` first when nsqd's --tls-required=2)."""
         if self.nsqd.opts.tls_required == 2:
             body = b'{"message": "TLS_REQUIRED", "https_port": 0}'
-            return Response(403, body, {"X-Nsq-Content-Type": _NSQ_V1, "Content-Type": _JSON})
+            return Response(
+                403, body, {"X-Nsq-Content-Type": NSQ_V1, "Content-Type": JSON_CONTENT_TYPE}
+            )
         if request.path.startswith("/config/") and request.method in ("GET", "PUT"):
             return self._v1(self.config)(request)
         return self._router.dispatch(request)
@@ -336,8 +310,6 @@ class NSQDHTTP:
             if not body or len(body) > opts.max_msg_size:
                 raise HTTPErr(413, "INVALID_VALUE")
             if opt == "nsqlookupd_tcp_addresses":
-                import json
-
                 try:
                     value = json.loads(body)
                     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

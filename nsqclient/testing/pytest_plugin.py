@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ from .auth_server import AuthServer
 
 log = logging.getLogger("nsqclient.testing.pytest_plugin")
 
-_CLUSTERS_KEY = pytest.StashKey[list]()
+_CLUSTERS_KEY = pytest.StashKey[list[Any]]()
 
 
 def real_bin_dir() -> str | None:
@@ -56,10 +56,8 @@ def broker_kind() -> str:
 def _embedded_class() -> type:
     # Imported lazily: the embedded NSQ is a sizeable module and tests against real
     # binaries do not need it.
-    try:
-        from nsqclient.testing import EmbeddedNSQ  # type: ignore[attr-defined]
-    except ImportError:
-        from nsqclient.testing.cluster import EmbeddedNSQ
+    from .cluster import EmbeddedNSQ
+
     return EmbeddedNSQ
 
 
@@ -94,12 +92,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     if not report.failed:
         return
-    for i, cluster in enumerate(item.stash.get(_CLUSTERS_KEY, [])):
+    clusters: list[Any] = item.stash.get(_CLUSTERS_KEY, [])
+    for i, cluster in enumerate(clusters):
         tail = getattr(cluster, "log_tail", None)
         if tail is None:
             continue

@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 
 def wait_for(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = 5.0,
     interval: float = 0.01,
     message: str | Callable[[], str] = "condition not met",

@@ -1,0 +1,142 @@
+"""nsqd's side of authorization: asking an auth server (``--auth-http-address``) about a secret,
+and the answer it keeps per client (identity, permissions, TTL).
+
+Follows nsqd's ``internal/auth``: ``GET /auth?remote_ip=&tls=&secret=&common_name=`` against
+each address in turn (starting at a random one) until one answers 200 with a valid document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import ssl
+import urllib.parse
+from typing import Any
+
+__all__ = ["AuthState", "query_auth", "http_get_json"]
+
+
+class AuthState:
+    """The answer of an auth server, as nsqd keeps it per client."""
+
+    def __init__(self, data: dict[str, Any], now: float):
+        self.ttl = int(data.get("ttl") or 0)
+        self.identity = str(data.get("identity") or "")
+        self.identity_url = str(data.get("identity_url") or "")
+        self.authorizations: list[tuple[re.Pattern, list[re.Pattern], list[str]]] = []
+        for auth in data.get("authorizations") or []:
+            perms = list(auth.get("permissions") or [])
+            for p in perms:
+                if p not in ("subscribe", "publish"):
+                    raise ValueError(f"unknown permission {p}")
+            try:
+                topic_re = re.compile(auth.get("topic") or "")
+                chan_res = [re.compile(c) for c in auth.get("channels") or []]
+            except re.error as exc:
+                raise ValueError(f"unable to compile regex {exc}") from exc
+            self.authorizations.append((topic_re, chan_res, perms))
+        if self.ttl <= 0:
+            raise ValueError(f"invalid TTL {self.ttl} (must be >0)")
+        self.expires = now + self.ttl
+
+    def is_allowed(self, topic: str, channel: str) -> bool:
+        for topic_re, chan_res, perms in self.authorizations:
+            if channel:
+                if "subscribe" not in perms:
+                    continue
+            elif "publish" not in perms:
+                continue
+            if not topic_re.search(topic):
+                continue
+            if any(c.search(channel) for c in chan_res):
+                return True
+        return False
+
+
+async def http_get_json(url: str, connect_timeout: float, timeout: float) -> Any:
+    """GET ``url`` (timeouts in seconds) and decode its JSON body; ValueError unless 200."""
+    parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname or "127.0.0.1"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    ctx = ssl.create_default_context() if parsed.scheme == "https" else None
+    async with asyncio.timeout(connect_timeout):
+        reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+    try:
+        target = parsed.path or "/"
+        if parsed.query:
+            target += "?" + parsed.query
+        writer.write(
+            (
+                f"GET {target} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
+                "Accept: application/vnd.nsq; version=1.0\r\nConnection: close\r\n\r\n"
+            ).encode("latin-1")
+        )
+        async with asyncio.timeout(timeout):
+            raw = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split(b" ")
+    status = int(status_line[1]) if len(status_line) > 1 else 0
+    if b"transfer-encoding: chunked" in head.lower():
+        body = dechunk(body)
+    if status != 200:
+        raise ValueError(f"got response {status} {body!r}")
+    return json.loads(body)
+
+
+def dechunk(data: bytes) -> bytes:
+    """The body of an HTTP/1.1 chunked transfer encoding."""
+    out = []
+    pos = 0
+    while True:
+        nl = data.find(b"\r\n", pos)
+        if nl < 0:
+            break
+        size = int(data[pos:nl].split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        out.append(data[nl + 2 : nl + 2 + size])
+        pos = nl + 2 + size + 2
+    return b"".join(out)
+
+
+async def query_auth(
+    addresses: list[str],
+    *,
+    remote_ip: str,
+    secret: str,
+    tls: bool,
+    common_name: str,
+    connect_timeout: float,
+    request_timeout: float,
+    now: float,
+) -> AuthState:
+    """Ask the auth servers at ``addresses`` (``host:port`` or a full URL) about ``secret``.
+
+    ``connect_timeout`` and ``request_timeout`` are seconds; ``now`` is the loop time the answer's
+    TTL counts from.  Raises ValueError naming every failure when no server gave an answer.
+    """
+    params = urllib.parse.urlencode(
+        {
+            "common_name": common_name,
+            "remote_ip": remote_ip,
+            "secret": secret,
+            "tls": "true" if tls else "false",
+        }
+    )
+    start = random.randrange(len(addresses)) if addresses else 0
+    errors = []
+    for i in range(len(addresses)):
+        addr = addresses[(start + i) % len(addresses)]
+        url = f"{addr}?{params}" if "://" in addr else f"http://{addr}/auth?{params}"
+        try:
+            data = await http_get_json(url, connect_timeout, request_timeout)
+            return AuthState(data if isinstance(data, dict) else {}, now)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            errors.append(f"failed to auth against {addr} - {exc}")
+    raise ValueError("; ".join(errors) or "no auth server")
