@@ -422,6 +422,7 @@ class Config:
     max_reconnect_interval: float
     pub_timeout: float
     pub_retries: int
+    exit_flush_timeout: float
 
     __slots__ = tuple(OPTIONS)
 
