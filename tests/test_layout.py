@@ -14,8 +14,6 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
-
 PACKAGE = "nsqclient"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
@@ -200,12 +198,6 @@ def test_no_import_cycle_in_the_client() -> None:
     assert not client, f"import cycles: {_describe(client)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nsqclient/testing has an import circle (nsqd <-> lookupd <-> nsqd_http) that the"
-    " split of testing/ into rooms removes (issue 8 section 3, another branch); remove this"
-    " marker once it is merged",
-)
 def test_no_import_cycle_in_testing() -> None:
     testing = [group for group in CYCLES if any(_in_testing(m) for m in group)]
     assert not testing, f"import cycles: {_describe(testing)}"
