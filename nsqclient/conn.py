@@ -169,8 +169,8 @@ class RequestFuture(Future):
         self._waiters: list[Any] = []
         self._done_callbacks: list[Any] = []
 
-    @property  # type: ignore[override]
-    def _condition(self) -> threading.Condition:
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
         cond = self._cond
         if cond is None and self._state == FINISHED:
             return _finished_condition
@@ -226,7 +226,7 @@ class RequestFuture(Future):
                         waiter.add_exception(self)
                 cond.notify_all()
         if self._done_callbacks:
-            self._invoke_callbacks()
+            self._invoke_callbacks()  # type: ignore[attr-defined]  # not in typeshed
 
 
 class ConnectionState(enum.Enum):
@@ -496,7 +496,7 @@ class Connection:
         cfg = self.config
         transport = self._transport
         assert transport is not None
-        frames = FrameReader(cfg.max_frame_size)
+        frames = FrameReader(cfg.max_frame_size, peer=self.address)
         payload = identify_payload(cfg, __version__)
         transport.sendall(protocol.MAGIC_V2 + protocol.identify(payload))
         data = self._expect_ok(frames, "IDENTIFY")
@@ -575,7 +575,7 @@ class Connection:
         """
         if future is None:
             future = RequestFuture()
-        elif isinstance(future, Future) and future._state == PENDING:  # type: ignore[attr-defined]
+        elif isinstance(future, Future) and future._state == PENDING:
             future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
         with self._lock:
             if self.state is not ConnectionState.CONNECTED or self._fatal_error is not None:
@@ -674,7 +674,7 @@ class Connection:
     def _read_loop(self) -> None:
         transport = self._transport
         assert transport is not None
-        frames = FrameReader(self.config.max_frame_size)
+        frames = FrameReader(self.config.max_frame_size, peer=self.address)
         reason: BaseException | None = None
         message_type = protocol.FRAME_TYPE_MESSAGE
         try:

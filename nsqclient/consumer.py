@@ -30,6 +30,7 @@ from typing import Any
 
 from . import protocol
 from .backoff import BackoffMode, BackoffState, reconnect_delay
+from .checks import check_int
 from .config import Config
 from .conn import Connection, parse_address
 from .errors import NSQError, ServerError
@@ -381,11 +382,7 @@ class Consumer:
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change ``max_in_flight``; 0 pauses (RDY 0 everywhere), a positive value resumes."""
-        if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool):
-            raise TypeError("max_in_flight must be an int")
-        if max_in_flight < 0:
-            raise ValueError(f"max_in_flight must be >= 0, not {max_in_flight}")
-        self._max_in_flight = max_in_flight
+        self._max_in_flight = check_int(max_in_flight, "max_in_flight", "messages", min=0)
         self._rdy_wake.set()
 
     def is_starved(self) -> bool:

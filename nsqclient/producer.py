@@ -32,6 +32,7 @@ from typing import Any
 
 from . import protocol
 from .backoff import reconnect_delay
+from .checks import check_float
 from .config import Config
 from .conn import AnyFuture, Connection, RequestFuture, Waiter, parse_address
 from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
@@ -459,6 +460,4 @@ def _not_processed(future: Future | Waiter) -> bool:
 
 
 def _delay_ms(delay: float) -> int:
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
-        raise ValueError(f"delay must be a non-negative number of seconds, not {delay!r}")
-    return int(round(delay * 1000))
+    return int(round(check_float(delay, "delay", "seconds", min=0) * 1000))
