@@ -64,6 +64,7 @@ MAGIC_V2 = b"  V2"
 FRAME_TYPE_RESPONSE = 0
 FRAME_TYPE_ERROR = 1
 FRAME_TYPE_MESSAGE = 2
+_FRAME_TYPES = frozenset((FRAME_TYPE_RESPONSE, FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE))
 
 HEARTBEAT = b"_heartbeat_"
 OK = b"OK"
@@ -77,6 +78,8 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
+_FRAME_HEAD = struct.Struct(">Ii")  # size, frame type
+_tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 _MSG_HEADER = struct.Struct(">qH16s")  # timestamp ns, attempts, id
 _MSG_HEADER_SIZE = _MSG_HEADER.size  # 26
 _TRACE_REPLY = struct.Struct(">2sQQQI")  # "OK", internal id, trace id, offset, raw size
@@ -382,10 +385,12 @@ class FrameReader:
     it in those messages.  After an error the reader is broken; the connection must be closed.
     """
 
-    __slots__ = ("_buf", "max_frame_size", "_error", "peer")
+    __slots__ = ("_buf", "_need", "max_frame_size", "_error", "peer")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, peer: str | None = None):
         self._buf = bytearray()
+        #: bytes the buffered, incomplete frame needs in all before parsing is worth it
+        self._need = 0
         self.max_frame_size = max_frame_size
         self._error: ProtocolError | None = None
         self.peer = peer
@@ -411,42 +416,66 @@ class FrameReader:
         """Add bytes; return every frame they complete, in order."""
         if self._error is not None:
             raise self._error
-        buf = self._buf
-        buf += data
+        if self._buf:
+            self._buf += data
+            if len(self._buf) < self._need:
+                return []  # the frame begun earlier is still incomplete
+            buf = bytes(self._buf)
+        else:
+            buf = data
         frames: list[Frame] = []
+        append = frames.append
+        head = _FRAME_HEAD.unpack_from
         pos = 0
         end = len(buf)
+        max_size = self.max_frame_size
         try:
-            while end - pos >= 4:
-                if buf[pos : pos + 4] == b"HTTP":
-                    where = f"{self.peer} is" if self.peer else "this is"
-                    raise ProtocolError(f"{where} an HTTP port, not an nsqd TCP port")
-                size = _U32.unpack_from(buf, pos)[0]
-                if size < 4:
-                    raise ProtocolError(f"frame size {size} is below the minimum of 4")
-                if size > self.max_frame_size:
-                    if _looks_like_text(buf[pos : pos + 4]):  # text where a size belongs
-                        raise self._not_nsqd(buf[pos:])
-                    raise ProtocolError(
-                        f"frame size {size} exceeds the maximum of {self.max_frame_size} bytes"
-                    )
-                if end - pos - 4 < size:
+            while True:
+                left = end - pos
+                if left < 8:
+                    if left >= 4:
+                        self._check_size(buf, pos, _U32.unpack_from(buf, pos)[0])
                     break
-                frame_type = _I32.unpack_from(buf, pos + 4)[0]
-                if frame_type not in (FRAME_TYPE_RESPONSE, FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE):
+                size, frame_type = head(buf, pos)
+                if size < 4 or size > max_size:
+                    self._check_size(buf, pos, size)
+                if left - 4 < size:
+                    break
+                if frame_type not in _FRAME_TYPES:
                     body = buf[pos + 4 : pos + 4 + size]
                     if _looks_like_text(body):  # a size-prefixed text reply: not NSQ's V2
                         raise self._not_nsqd(body)
                     raise ProtocolError(f"unknown frame type {frame_type}")
-                frames.append(Frame(frame_type, bytes(buf[pos + 8 : pos + 4 + size])))
+                append(_tuple_new(Frame, (frame_type, buf[pos + 8 : pos + 4 + size])))
                 pos += 4 + size
         except ProtocolError as exc:
             self._error = exc
             self._buf = bytearray()
             raise
-        if pos:
-            del buf[:pos]
+        rest = end - pos
+        if rest:
+            self._buf = bytearray(buf[pos:])
+            self._need = (
+                4 + _U32.unpack_from(buf, pos)[0] if rest >= 4 else 4
+            )  # bytes the next frame needs in all
+        elif self._buf:
+            self._buf = bytearray()
         return frames
+
+    def _check_size(self, buf: bytes, pos: int, size: int) -> None:
+        """ProtocolError for a frame size nsqd never sends (text where a size belongs: not an
+        nsqd)."""
+        if buf[pos : pos + 4] == b"HTTP":  # read as a size, b"HTTP" is far above any maximum
+            where = f"{self.peer} is" if self.peer else "this is"
+            raise ProtocolError(f"{where} an HTTP port, not an nsqd TCP port")
+        if size < 4:
+            raise ProtocolError(f"frame size {size} is below the minimum of 4")
+        if size > self.max_frame_size:
+            if _looks_like_text(buf[pos : pos + 4]):  # text where a size belongs
+                raise self._not_nsqd(buf[pos:])
+            raise ProtocolError(
+                f"frame size {size} exceeds the maximum of {self.max_frame_size} bytes"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,6 +509,9 @@ def encode_message(timestamp: int, attempts: int, message_id: bytes, body: bytes
     return _MSG_HEADER.pack(timestamp, attempts, message_id) + body
 
 
+_NO_YOUZAN_FIELDS = (None,) * 6
+
+
 def decode_message(
     data: bytes, *, youzan: bool = False, extended: bool = False, ordered: bool = False
 ) -> DecodedMessage:
@@ -495,6 +527,13 @@ def decode_message(
     if len(data) < _MSG_HEADER_SIZE:
         raise ProtocolError(f"message frame of {len(data)} bytes is shorter than its header")
     timestamp, attempts, message_id = _MSG_HEADER.unpack_from(data, 0)
+    if not (youzan or extended or ordered):  # classic NSQ: the common case, kept short
+        body = data[_MSG_HEADER_SIZE:]
+        if type(body) is not bytes:
+            body = bytes(body)
+        return _tuple_new(
+            DecodedMessage, (timestamp, attempts, message_id, body, *_NO_YOUZAN_FIELDS)
+        )
     pos = _MSG_HEADER_SIZE
     internal_id = trace_id = offset = raw_size = ext_version = None
     ext = None
