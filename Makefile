@@ -26,9 +26,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -W -q -b html docs docs/_build/html
 
+# make bench BENCH_ARGS="--quick"      every case tiny (a smoke test)
+# make bench CONSUME_ARGS="-n 1000000" PUBLISH_ARGS="--pipelined-messages 1000000"   full sizes
 bench: $(STAMP)
-	$(PY) bench/publish.py
-	$(PY) bench/consume.py
+	$(PY) bench/publish.py $(BENCH_ARGS) $(PUBLISH_ARGS)
+	$(PY) bench/consume.py $(BENCH_ARGS) $(CONSUME_ARGS)
 
 clean:
 	rm -rf $(VENV) docs/_build .pytest_cache

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +71,34 @@ def proc_status_kib(field: str = "VmRSS") -> int:
 
 def cpu_seconds() -> float:
     """CPU time (user + system, all threads) this process used so far, in seconds."""
-    t = os.times()
-    return t.user + t.system
+    return time.process_time()  # CLOCK_PROCESS_CPUTIME_ID: finer than os.times()' ticks
 
 
 # ------------------------------------------------------------------------------ broker
 
 
 @dataclass
+class Node:
+    """One nsqd: its TCP and HTTP ``host:port`` and its process (for its CPU time), if known."""
+
+    tcp_address: str
+    http_address: str
+    pid: int | None = None
+
+
+@dataclass
 class Broker:
-    """Where the benchmark's nsqd is: its TCP and HTTP ``host:port`` and what it is."""
+    """Where the benchmark's nsqd is: its TCP and HTTP ``host:port`` and what it is.
+
+    ``nodes`` lists every nsqd the run has (the first is ``tcp_address``/``http_address``);
+    a broker given on the command line has one."""
 
     tcp_address: str
     http_address: str
     kind: str  # "real", "embedded" or "external"
     description: str
     pid: int | None = None  # the broker's process (for its CPU time), when known
+    nodes: list[Node] = field(default_factory=list)
 
 
 def find_listener_pid(tcp_address: str) -> int | None:
@@ -233,8 +245,13 @@ def _from_lookupd(lookupd: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def open_broker(args: argparse.Namespace, **nsqd_options: Any) -> Iterator[Broker]:
-    """Start (or find) the nsqd the run uses; stop it afterwards if we started it."""
+def open_broker(
+    args: argparse.Namespace, nsqd_count: int = 1, **nsqd_options: Any
+) -> Iterator[Broker]:
+    """Start (or find) the nsqd the run uses; stop it afterwards if we started it.
+
+    ``nsqd_count`` nsqd are started (the first is the one most cases use); a broker given on
+    the command line is one nsqd whatever ``nsqd_count`` says."""
     if args.nsqd or args.lookupd:
         if args.nsqd:
             tcp = args.nsqd
@@ -248,8 +265,9 @@ def open_broker(args: argparse.Namespace, **nsqd_options: Any) -> Iterator[Broke
             raise SystemExit(
                 f"nsqd HTTP at {http} does not answer /ping ({exc}); pass --nsqd-http HOST:PORT"
             ) from exc
+        pid = find_listener_pid(tcp)
         yield Broker(
-            tcp, http, "external", f"existing nsqd {tcp} (http {http})", find_listener_pid(tcp)
+            tcp, http, "external", f"existing nsqd {tcp} (http {http})", pid, [Node(tcp, http, pid)]
         )
         return
     kind = args.broker
@@ -260,7 +278,9 @@ def open_broker(args: argparse.Namespace, **nsqd_options: Any) -> Iterator[Broke
             raise SystemExit("--broker real needs --bin-dir or NSQ_BIN_DIR")
         from nsqclient.testing.real import RealNSQ
 
-        cluster: Any = RealNSQ(nsqd_count=1, lookupd=False, bin_dir=args.bin_dir, **nsqd_options)
+        cluster: Any = RealNSQ(
+            nsqd_count=nsqd_count, lookupd=False, bin_dir=args.bin_dir, **nsqd_options
+        )
         what = f"real nsqd from {args.bin_dir}"
     else:
         try:
@@ -273,14 +293,22 @@ def open_broker(args: argparse.Namespace, **nsqd_options: Any) -> Iterator[Broke
                     f"the embedded NSQ is not available ({exc}); "
                     "set NSQ_BIN_DIR or pass --nsqd HOST:PORT"
                 ) from exc
-        cluster = EmbeddedNSQ(nsqd_count=1, lookupd=False, **nsqd_options)
+        cluster = EmbeddedNSQ(nsqd_count=nsqd_count, lookupd=False, **nsqd_options)
         what = "embedded nsqd (in the parent process, its own GIL)"
     cluster.start()
     try:
-        node = cluster.nsqd
-        pid = os.getpid() if kind == "embedded" else find_listener_pid(node.tcp_address)
+        nodes = [
+            Node(
+                n.tcp_address,
+                n.http_address,
+                os.getpid() if kind == "embedded" else find_listener_pid(n.tcp_address),
+            )
+            for n in cluster.nsqds
+        ]
+        first = nodes[0]
+        where = first.tcp_address if len(nodes) == 1 else ", ".join(n.tcp_address for n in nodes)
         yield Broker(
-            node.tcp_address, node.http_address, kind, f"{what} at {node.tcp_address}", pid
+            first.tcp_address, first.http_address, kind, f"{what} at {where}", first.pid, nodes
         )
     finally:
         cluster.close()
@@ -628,7 +656,130 @@ def add_repeat_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeat",
         type=int,
-        default=1,
-        help="measure every case this many times, interleaving the clients, and report the "
-        "best run of each (default 1; use 3+ on a busy machine)",
+        default=3,
+        help="measure every case this many times, interleaving the clients (A, B, A, B...), "
+        "and report the best run of each (default 3)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every case tiny and once (a smoke test that the script works, not a measure)",
+    )
+
+
+# ------------------------------------------------------------------------------ Markdown
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table (numbers right-aligned)."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [str(cells[0]).ljust(widths[0])]
+        parts += [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "| " + " | ".join(parts) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def target_check(value: float | None, target: float, at_most: bool = False) -> str:
+    """``"ok"`` or ``"MISS"`` for a ratio against its target (``-`` when not measured)."""
+    if value is None:
+        return "-"
+    good = value <= target if at_most else value >= target
+    return "ok" if good else "MISS"
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
+
+
+def fmt_x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of already sorted values, nearest rank."""
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, int(round(q * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[index]
+
+
+def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/max of latencies in seconds, returned in microseconds."""
+    values = sorted(latencies)
+    return {
+        "p50_us": percentile(values, 0.50) * 1e6,
+        "p90_us": percentile(values, 0.90) * 1e6,
+        "p99_us": percentile(values, 0.99) * 1e6,
+        "max_us": (values[-1] if values else float("nan")) * 1e6,
+    }
+
+
+# ------------------------------------------------------------------------------ other clients
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the clients compared (``pynsq``, ``gnsq``, ``nsqclient``)."""
+    from importlib import metadata
+
+    found = {}
+    for name in ("nsqclient", "pynsq", "gnsq", "gevent", "tornado"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def gnsq_problem() -> str | None:
+    """Why gnsq cannot run here (None when ``import gnsq`` works in a fresh interpreter)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import gnsq, gevent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if proc.returncode == 0:
+        return None
+    last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return f"does not import ({last}); pip install gnsq (the bench extra has it)"
+
+
+# ------------------------------------------------------------------------------ go-nsq tools
+
+
+def go_tool(args: argparse.Namespace, name: str) -> str | None:
+    """The path of go-nsq's ``name`` (``bench_reader``, ``bench_writer``) in ``--bin-dir``
+    ($NSQ_BIN_DIR), or None."""
+    if not getattr(args, "bin_dir", None) or getattr(args, "no_go_tools", False):
+        return None
+    path = os.path.join(args.bin_dir, name)
+    return path if os.access(path, os.X_OK) else None
+
+
+def run_go_tool(argv: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Run one of nsq's ``bench/`` tools; return its ``ops/s``, its wall time and the CPU time
+    (user + system, all its threads) it used.  The tools log one line
+    ``duration: 1.0s - 104.6mb/s - 548431.3ops/s - 1.8us/op``."""
+    import re
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    output = proc.stdout + proc.stderr
+    found = re.search(r"duration: (\S+) - .*? - ([0-9.]+)ops/s", output)
+    if proc.returncode != 0 or not found:
+        raise ChildError(f"{argv[0]} exited {proc.returncode}: {output[-2000:]}")
+    return {
+        "rate": float(found.group(2)),
+        "wall": wall,
+        "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "output": output.strip().splitlines()[-1],
+    }

@@ -23,12 +23,13 @@ import json
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import _common as common
 
 CHANNEL = "bench"
-TARGET = 3.0
+CLIENTS = ("nsqclient", "pynsq", "gnsq", "bench_reader")
 RSS_POINTS = ("before start", "first message", "25%", "50%", "75%", "100%", "after stop")
 
 
@@ -83,20 +84,23 @@ class _Tally:
 
 
 def run_prefill(spec: dict[str, Any]) -> dict[str, Any]:
-    """Fill the topic with MPUBs, several in flight at a time (setup, not measured)."""
+    """Fill the topic with MPUBs, several in flight at a time (setup, not measured);
+    ``spec["fill"]`` lists ``[tcp address, message count]`` for each nsqd."""
     from nsqclient.producer import Producer
 
     body = common.message_body(spec["size"])
-    n, batch, window = spec["n"], 500, 16
+    batch, window = 500, 16
     start = time.perf_counter()
-    with Producer([spec["tcp"]]) as producer:
-        pending = []
-        for offset in range(0, n, batch):
-            pending.append(producer.mpub_async(spec["topic"], [body] * min(batch, n - offset)))
-            if len(pending) >= window:
-                pending.pop(0).result(60.0)
-        for future in pending:
-            future.result(60.0)
+    for tcp, n in spec["fill"]:
+        with Producer([tcp]) as producer:
+            pending = []
+            for offset in range(0, n, batch):
+                bodies = [body] * min(batch, n - offset)
+                pending.append(producer.mpub_async(spec["topic"], bodies))
+                if len(pending) >= window:
+                    pending.pop(0).result(60.0)
+            for future in pending:
+                future.result(60.0)
     return {"seconds": time.perf_counter() - start}
 
 
@@ -112,7 +116,7 @@ def run_nsqclient(spec: dict[str, Any]) -> dict[str, Any]:
         spec["topic"],
         CHANNEL,
         handler,
-        nsqd_tcp_addresses=[spec["tcp"]],
+        nsqd_tcp_addresses=spec["tcp_list"],
         max_in_flight=spec["max_in_flight"],
         concurrency=spec["concurrency"],
     )
@@ -195,85 +199,234 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def run_gnsq(spec: dict[str, Any]) -> dict[str, Any]:
+    """gnsq's Consumer (gevent): the handler is a receiver of its ``on_message`` signal; gnsq
+    finishes the message when the receiver returns."""
+    import logging
+
+    import gevent
+    import gnsq
+
+    logging.getLogger("gnsq").setLevel(logging.ERROR)  # "connection lost" when we close it
+    tally = _Tally(spec["n"], spec["broker_pid"])
+    consumer = gnsq.Consumer(
+        spec["topic"],
+        CHANNEL,
+        nsqd_tcp_addresses=[spec["tcp"]],
+        max_in_flight=spec["max_in_flight"],
+    )
+
+    @consumer.on_message.connect
+    def handler(sender: Any, message: Any) -> None:
+        tally.tick()
+
+    error = None
+    with common.maybe_profile(spec):
+        consumer.start(block=False)
+        deadline = time.monotonic() + spec["timeout"]
+        while not tally.done.is_set():
+            gevent.sleep(0.1)
+            now = time.monotonic()
+            if now > deadline or tally.stalled(now, spec["stall_timeout"]):
+                error = (
+                    f"received {tally.seen} of {spec['n']}, then nothing for "
+                    f"{spec['stall_timeout']}s (or the {spec['timeout']}s limit passed)"
+                )
+                break
+        # the FINs are written by gnsq's greenlets: keep the hub running until nsqd has them
+        while error is None:
+            ch = common.channel_stats(spec["http"], spec["topic"], CHANNEL) or {}
+            if ch.get("depth") == 0 and ch.get("in_flight_count") == 0:
+                break
+            if time.monotonic() > deadline:
+                error = f"nsqd still has messages in flight: {ch}"
+            gevent.sleep(0.05)
+        consumer.close()
+        consumer.join(10.0)
+    result = tally.result()
+    if error:
+        result["error"] = error
+    return result
+
+
 def child_main(spec: dict[str, Any]) -> None:
-    run = {"prefill": run_prefill, "nsqclient": run_nsqclient, "pynsq": run_pynsq}[spec["client"]]
+    run = {
+        "prefill": run_prefill,
+        "nsqclient": run_nsqclient,
+        "pynsq": run_pynsq,
+        "gnsq": run_gnsq,
+    }[spec["client"]]
     common.emit_result(run(spec))
 
 
 # ------------------------------------------------------------------------------ parent
 
 
+@dataclass
+class Config:
+    """One consumer configuration: its label, the client, handler threads, how many nsqd."""
+
+    name: str
+    client: str  # nsqclient, pynsq, gnsq, bench_reader
+    concurrency: int = 1
+    nodes: int = 1
+
+
 def measure(
-    args: argparse.Namespace, broker: common.Broker, client: str, concurrency: int
+    args: argparse.Namespace, broker: common.Broker, config: Config, n: int | None = None
 ) -> dict[str, Any]:
-    n = args.messages
-    label = f"{client} c={concurrency}" if client == "nsqclient" else client
-    case = f"c{concurrency}" if client == "nsqclient" else "consume"
-    topic = common.fresh_topic(f"consume_{case}", client)
-    common.create_channel(broker.http_address, topic, CHANNEL)
+    """Fill a fresh topic with ``n`` messages (spread over ``config.nodes`` nsqd), consume them
+    in a child, check nsqd's /stats; return the child's result with ``rate`` added."""
+    if config.client == "bench_reader":
+        return measure_bench_reader(args, broker, config)
+    n = n or args.messages
+    nodes = broker.nodes[: config.nodes]
+    label = config.name
+    case = "".join(c if c.isalnum() else "_" for c in label)
+    topic = common.fresh_topic(f"consume_{case}", config.client)
+    shares = [n // len(nodes) + (1 if i < n % len(nodes) else 0) for i in range(len(nodes))]
+    for node in nodes:
+        common.create_channel(node.http_address, topic, CHANNEL)
     base = {
-        "tcp": broker.tcp_address,
-        "http": broker.http_address,
+        "tcp": nodes[0].tcp_address,
+        "tcp_list": [node.tcp_address for node in nodes],
+        "http": nodes[0].http_address,
         "topic": topic,
         "n": n,
         "broker_pid": broker.pid,
     }
     filled = common.run_child(
         __file__,
-        {**base, "client": "prefill", "case": "prefill", "size": args.size},
+        {
+            **base,
+            "client": "prefill",
+            "case": "prefill",
+            "size": args.size,
+            "fill": [[node.tcp_address, share] for node, share in zip(nodes, shares, strict=True)],
+        },
         timeout=args.child_timeout,
     )
-    depth = common.wait_for(
+    for node, share in zip(nodes, shares, strict=True):
+        depth = common.wait_for(
+            f"{share} messages in {topic}/{CHANNEL} on {node.tcp_address}",
+            lambda node=node: (common.channel_stats(node.http_address, topic, CHANNEL) or {}).get(
+                "depth"
+            ),
+            lambda d, share=share: d == share,
+            timeout=60.0,
+        )
+        if depth != share:
+            raise common.ChildError(f"prefill: channel depth {depth}, expected {share}")
+    print(
+        f"  {label:22} prefilled {n:,} messages in {filled['seconds']:.1f}s; consuming...",
+        file=sys.stderr,
+    )
+    spec = {
+        **base,
+        "client": config.client,
+        "case": f"consume-{case}",
+        "concurrency": config.concurrency,
+        "max_in_flight": args.max_in_flight,
+        "timeout": args.child_timeout - 60.0,
+        "stall_timeout": args.stall_timeout,
+        **common.profile_spec(args, config.client),
+    }
+    result = common.run_child(__file__, spec, timeout=args.child_timeout)
+    problems = []
+    if result["received"] != n:
+        problems.append(f"handler ran {result['received']} times")
+    for node, share in zip(nodes, shares, strict=True):
+        channel = common.wait_for(
+            f"nsqd {node.tcp_address} to see every message of {topic} finished",
+            lambda node=node: common.channel_stats(node.http_address, topic, CHANNEL),
+            lambda ch: bool(ch) and ch["depth"] == 0 and ch["in_flight_count"] == 0,
+            timeout=30.0,
+        )
+        for key, want in (
+            ("message_count", share),
+            ("depth", 0),
+            ("in_flight_count", 0),
+            ("deferred_count", 0),
+            ("requeue_count", 0),
+            ("timeout_count", 0),
+        ):
+            if not isinstance(channel, dict) or channel.get(key) != want:
+                got = channel.get(key) if isinstance(channel, dict) else channel
+                problems.append(f"{node.tcp_address} {key}={got} (expected {want})")
+    if problems:
+        raise common.ChildError(f"{label}: nsqd /stats disagrees: {', '.join(problems)}")
+    for node in nodes:
+        common.delete_topic(node.http_address, topic)
+    rate = (n - 1) / result["seconds"] if result["seconds"] > 0 else None
+    result["rate"] = rate
+    result["us_per_msg"] = result["cpu"] / n * 1e6
+    print(
+        f"  {label:22} {n:>9,} msgs in {result['seconds']:7.2f}s = {rate:>9,.0f} msg/s, "
+        f"{common.describe_cpu(result, n)}; nsqd: all {n:,} finished, none requeued",
+        file=sys.stderr,
+    )
+    return result
+
+
+def measure_bench_reader(
+    args: argparse.Namespace, broker: common.Broker, config: Config
+) -> dict[str, Any]:
+    """go-nsq's bench_reader (one connection per CPU, RDY 2500, FIN written in batches) for
+    ``--go-runfor`` seconds on a channel prefilled with ``--go-messages``."""
+    tool = common.go_tool(args, "bench_reader")
+    assert tool is not None
+    n = args.go_messages
+    topic = common.fresh_topic("consume_go", "bench_reader")
+    common.create_channel(broker.http_address, topic, CHANNEL)
+    common.run_child(
+        __file__,
+        {
+            "client": "prefill",
+            "case": "prefill",
+            "size": args.size,
+            "topic": topic,
+            "fill": [[broker.tcp_address, n]],
+        },
+        timeout=args.child_timeout,
+    )
+    common.wait_for(
         f"{n} messages in {topic}/{CHANNEL}",
         lambda: (common.channel_stats(broker.http_address, topic, CHANNEL) or {}).get("depth"),
         lambda d: d == n,
         timeout=60.0,
     )
-    if depth != n:
-        raise common.ChildError(f"prefill: channel depth {depth}, expected {n}")
-    print(
-        f"  {label:15} prefilled {n:,} messages in {filled['seconds']:.1f}s; consuming...",
-        file=sys.stderr,
+    out = common.run_go_tool(
+        [
+            tool,
+            f"--nsqd-tcp-address={broker.tcp_address}",
+            f"--topic={topic}",
+            f"--channel={CHANNEL}",
+            f"--runfor={args.go_runfor}s",
+            f"--size={args.size}",
+            f"--rdy={args.max_in_flight}",
+        ],
+        timeout=args.go_runfor + 60.0,
     )
-    spec = {
-        **base,
-        "client": client,
-        "case": f"consume-{case}",
-        "concurrency": concurrency,
-        "max_in_flight": args.max_in_flight,
-        "timeout": args.child_timeout - 60.0,
-        "stall_timeout": args.stall_timeout,
-        **common.profile_spec(args, client),
-    }
-    result = common.run_child(__file__, spec, timeout=args.child_timeout)
-    channel = common.wait_for(
-        f"nsqd to see every message of {topic} finished",
-        lambda: common.channel_stats(broker.http_address, topic, CHANNEL),
-        lambda ch: bool(ch) and ch["depth"] == 0 and ch["in_flight_count"] == 0,
-        timeout=30.0,
-    )
-    problems = []
-    if result["received"] != n:
-        problems.append(f"handler ran {result['received']} times")
-    for key, want in (
-        ("message_count", n),
-        ("depth", 0),
-        ("in_flight_count", 0),
-        ("deferred_count", 0),
-        ("requeue_count", 0),
-        ("timeout_count", 0),
-    ):
-        if not isinstance(channel, dict) or channel.get(key) != want:
-            got = channel.get(key) if isinstance(channel, dict) else channel
-            problems.append(f"{key}={got} (expected {want})")
-    if problems:
-        raise common.ChildError(f"{label}: nsqd /stats disagrees: {', '.join(problems)}")
+    left = (common.channel_stats(broker.http_address, topic, CHANNEL) or {}).get("depth")
     common.delete_topic(broker.http_address, topic)
-    rate = (n - 1) / result["seconds"] if result["seconds"] > 0 else None
-    result["rate"] = rate
+    messages = out["rate"] * args.go_runfor
+    result = {
+        "rate": out["rate"],
+        "seconds": args.go_runfor,
+        "cpu": out["cpu"],
+        "us_per_msg": out["cpu"] / messages * 1e6 if messages else None,
+        "drained": left == 0,
+    }
+    note = (
+        "; the channel ran dry before --go-runfor ended: the rate is a lower bound "
+        "(raise --go-messages)"
+        if left == 0
+        else ""
+    )
     print(
-        f"  {label:15} {n:>9,} msgs in {result['seconds']:7.2f}s = {rate:>9,.0f} msg/s, "
-        f"{common.describe_cpu(result, n)}; nsqd: all {n:,} finished, none requeued",
+        f"  {config.name:22} ~{messages:>8,.0f} msgs in {args.go_runfor:7.2f}s = "
+        f"{out['rate']:>9,.0f} msg/s, {result['us_per_msg']:5.1f} us CPU/msg (whole process, "
+        f"incl. connecting){note}",
         file=sys.stderr,
     )
     return result
@@ -281,7 +434,7 @@ def measure(
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = common.argument_parser(
-        __doc__, 1_000_000, "messages each consumer receives (default 1000000)"
+        __doc__, 200_000, "messages each consumer receives (default 200000)"
     )
     parser.add_argument("--size", type=int, default=common.MESSAGE_SIZE, help="body bytes")
     parser.add_argument("--max-in-flight", type=int, default=2500, help="(default 2500)")
@@ -291,7 +444,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="nsqclient handler thread counts to try, comma-separated (default 1,4)",
     )
     parser.add_argument(
-        "--clients", default="nsqclient,pynsq", help="comma-separated subset of nsqclient,pynsq"
+        "--spread",
+        type=int,
+        default=3,
+        help="the 'N nsqd at once' case: nsqclient (concurrency 1) consumes one topic spread "
+        "over this many nsqd, beside the same on one; 0 or 1: no such case (default 3)",
+    )
+    parser.add_argument(
+        "--clients",
+        default=",".join(CLIENTS),
+        help=f"comma-separated subset of {','.join(CLIENTS)} (default: all; gnsq and "
+        "bench_reader are left out when gnsq does not import / NSQ_BIN_DIR has no bench_reader)",
+    )
+    parser.add_argument(
+        "--rss-messages",
+        type=int,
+        default=1_000_000,
+        help="one more nsqclient run (concurrency 1) of this many messages for the resident "
+        "memory growth, run once after the repeats; 0: none (default 1000000)",
+    )
+    parser.add_argument(
+        "--go-messages",
+        type=int,
+        default=1_000_000,
+        help="messages in the channel bench_reader reads (more than it can read in "
+        "--go-runfor; default 1000000)",
+    )
+    parser.add_argument(
+        "--go-runfor", type=float, default=1.0, help="bench_reader's --runfor in seconds (1)"
     )
     common.add_profile_arguments(parser)
     parser.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child")
@@ -303,10 +483,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a consumer that receives nothing for this many seconds fails (default 30)",
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.messages = min(args.messages, 3000)
+        args.rss_messages = min(args.rss_messages, 4000)
+        args.go_messages = min(args.go_messages, 50_000)
+        args.go_runfor = min(args.go_runfor, 0.2)
+        args.repeat = 1
+        args.stall_timeout = min(args.stall_timeout, 15.0)
+        args.child_timeout = min(args.child_timeout, 120.0)
     args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.client_list = [c.strip() for c in args.clients.split(",") if c.strip()]
     for c in args.client_list:
-        if c not in ("nsqclient", "pynsq"):
+        if c not in CLIENTS:
             parser.error(f"unknown client {c!r}")
     if args.messages < 4:
         parser.error("--messages must be at least 4")
@@ -319,67 +507,185 @@ def _mib(kib: int | None) -> str:
     return "-" if kib is None else f"{kib / 1024:.1f}"
 
 
+def _growth(rss: dict[str, int], since: str) -> str:
+    if "100%" not in rss or since not in rss:
+        return "-"
+    return f"{(rss['100%'] - rss[since]) / 1024:+.1f}"
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if not r or not r.get("rate"):
+        return "-"
+    text = f"{r['rate']:,.0f}/s"
+    if r.get("us_per_msg") is not None:
+        text += f" ({r['us_per_msg']:.1f} us)"
+    if r.get("drained"):
+        text = ">= " + text
+    return text
+
+
+def plan(args: argparse.Namespace, broker: common.Broker) -> tuple[list[Config], list[str]]:
+    """The configurations to run, and notes on the ones that cannot run here."""
+    configs: list[Config] = []
+    skipped: list[str] = []
+    wanted = args.client_list
+    if "nsqclient" in wanted:
+        configs += [Config(f"nsqclient c{c}", "nsqclient", c) for c in args.concurrency_list]
+        if args.spread > 1:
+            if len(broker.nodes) >= args.spread:
+                if 1 not in args.concurrency_list:
+                    configs.append(Config("nsqclient c1", "nsqclient", 1))
+                configs.append(
+                    Config(f"nsqclient c1, {args.spread} nsqd", "nsqclient", 1, args.spread)
+                )
+            else:
+                skipped.append(
+                    f"{args.spread} nsqd at once: needs a broker this script starts "
+                    f"(--nsqd/--lookupd give one nsqd)"
+                )
+    if "pynsq" in wanted:
+        configs.append(Config("pynsq", "pynsq"))
+    if "gnsq" in wanted:
+        problem = common.gnsq_problem()
+        if problem:
+            skipped.append(f"gnsq: {problem}")
+        else:
+            configs.append(Config("gnsq", "gnsq"))
+    if "bench_reader" in wanted:
+        if common.go_tool(args, "bench_reader"):
+            configs.append(Config("bench_reader", "bench_reader"))
+        else:
+            skipped.append("go-nsq bench_reader: not in NSQ_BIN_DIR / --bin-dir")
+    return configs, skipped
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--child":
         child_main(json.loads(argv[1]))
         return 0
     args = parse_args(argv)
-    configs: list[tuple[str, str, int]] = []
-    if "nsqclient" in args.client_list:
-        configs += [(f"nsqclient c={c}", "nsqclient", c) for c in args.concurrency_list]
-    if "pynsq" in args.client_list:
-        configs.append(("pynsq", "pynsq", 1))
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
-    mem_queue = args.mem_queue_size or args.messages + 1000
-    with common.open_broker(args, mem_queue_size=mem_queue) as broker:
+    mem_queue = args.mem_queue_size or (
+        max(args.messages, args.rss_messages, args.go_messages) + 1000
+    )
+    nsqd_count = max(1, args.spread)
+    with common.open_broker(args, nsqd_count=nsqd_count, mem_queue_size=mem_queue) as broker:
+        configs, skipped = plan(args, broker)
+        runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in configs}
         print(
             f"consume benchmark: {broker.description}; {common.describe_machine()}; "
             f"{args.messages:,} x {args.size}-byte messages per consumer; "
-            f"max_in_flight {args.max_in_flight}",
+            f"max_in_flight {args.max_in_flight}; best of {args.repeat}, interleaved",
             file=sys.stderr,
         )
+        for note in skipped:
+            print(f"  (not measured) {note}", file=sys.stderr)
         for _ in range(args.repeat):
-            for name, client, concurrency in configs:
-                runs[name].append(measure(args, broker, client, concurrency))
+            for config in configs:
+                runs[config.name].append(measure(args, broker, config))
+        rss_run = None
+        if args.rss_messages and "nsqclient" in args.client_list:
+            print(
+                f"  memory run: nsqclient c1, {args.rss_messages:,} messages",
+                file=sys.stderr,
+            )
+            rss_run = measure(
+                args, broker, Config("nsqclient c1 (memory)", "nsqclient"), args.rss_messages
+            )
     # The best run of each configuration (the one least disturbed by other work).
     best = {name: max(results, key=lambda r: r["rate"] or 0) for name, results in runs.items()}
+    versions = common.library_versions()
 
     print()
-    of = f" (best of {args.repeat} runs each)" if args.repeat > 1 else ""
     print(
-        f"consume{of}, no-op handler, max_in_flight {args.max_in_flight}, {args.messages:,} x "
-        f"{args.size}-byte messages, broker: {broker.description}"
+        f"### consume: no-op handler, max_in_flight {args.max_in_flight}, {args.messages:,} x "
+        f"{args.size}-byte messages, best of {args.repeat} (interleaved)"
     )
-    pynsq_rate = best["pynsq"]["rate"] if "pynsq" in best else None
+    print()
+    print(f"broker: {broker.description}; {common.describe_machine()}")
+    print("cells: msg/s (CPU us/msg = consumer process CPU time / messages, all its threads)")
+    print()
+    py, gn, go = best.get("pynsq"), best.get("gnsq"), best.get("bench_reader")
     rows = []
-    for name, r in best.items():
-        if name == "pynsq":
+    for c, target in ((1, 8.0), (4, 6.0)):
+        ours = best.get(f"nsqclient c{c}")
+        if ours is None:
             continue
+        r = common.ratio(ours["rate"], py["rate"] if py else None)
         rows.append(
             [
-                f"consume ({name.split()[1]})",
-                common.fmt_rate(r["rate"]),
-                common.fmt_rate(pynsq_rate),
-                common.fmt_ratio(r["rate"], pynsq_rate),
-                f">= {TARGET:.0f}x",
+                f"consume, concurrency {c}",
+                _cell(ours),
+                _cell(py),
+                _cell(gn),
+                _cell(go),
+                f"{common.fmt_x(r)} pynsq"
+                + (f", {common.fmt_x(common.ratio(ours['rate'], gn['rate']))} gnsq" if gn else "")
+                + (f", {common.fmt_x(common.ratio(ours['rate'], go['rate']))} Go" if go else ""),
+                f">= {target:.0f}x pynsq",
+                common.target_check(r, target),
             ]
         )
-    if not rows and pynsq_rate:
-        rows.append(["consume", "-", common.fmt_rate(pynsq_rate), "-", f">= {TARGET:.0f}x"])
-    common.print_table(["case", "nsqclient msg/s", "pynsq msg/s", "ratio", "target"], rows)
+    spread = best.get(f"nsqclient c1, {args.spread} nsqd")
+    if spread is not None:
+        one = best.get("nsqclient c1")
+        r = common.ratio(spread["rate"], one["rate"] if one else None)
+        rows.append(
+            [
+                f"consume, concurrency 1, {args.spread} nsqd at once",
+                _cell(spread),
+                "-",
+                "-",
+                "-",
+                f"{common.fmt_x(r)} of one nsqd",
+                ">= 1x",
+                common.target_check(r, 1.0),
+            ]
+        )
+    print(
+        common.markdown_table(
+            [
+                "case",
+                "nsqclient",
+                f"pynsq {versions.get('pynsq', '?')}",
+                f"gnsq {versions.get('gnsq', '-')}",
+                "go-nsq bench_reader",
+                "ratio",
+                "target",
+                "met",
+            ],
+            rows,
+        )
+    )
+    for note in skipped:
+        print(f"\nnot measured: {note}")
     print()
-    print("resident memory of the consumer process, MiB (VmRSS; peak = VmHWM)")
-    headers = ["client", *RSS_POINTS, "peak", "25%->100%"]
+    print("resident memory of the consumer process, MiB (VmRSS; peak = VmHWM; best runs)")
+    print()
+    headers = ["client", *RSS_POINTS, "peak", "first->100%", "25%->100%"]
     mem_rows = []
-    for name, r in best.items():
+    shown = {k: v for k, v in best.items() if "rss_kib" in v}
+    if rss_run is not None:
+        shown[f"nsqclient c1, {args.rss_messages:,} msgs"] = rss_run
+    for name, r in shown.items():
         rss = r["rss_kib"]
-        growth = (
-            f"{(rss['100%'] - rss['25%']) / 1024:+.1f}" if "100%" in rss and "25%" in rss else "-"
-        )
         mem_rows.append(
-            [name, *(_mib(rss.get(p)) for p in RSS_POINTS), _mib(r["peak_rss_kib"]), growth]
+            [
+                name,
+                *(_mib(rss.get(p)) for p in RSS_POINTS),
+                _mib(r["peak_rss_kib"]),
+                _growth(rss, "first message"),
+                _growth(rss, "25%"),
+            ]
         )
-    common.print_table(headers, mem_rows)
+    print(common.markdown_table(headers, mem_rows))
+    if rss_run is not None:
+        rss = rss_run["rss_kib"]
+        growth_mib = (rss["100%"] - rss["first message"]) / 1024
+        print(
+            f"\nRSS growth over {args.rss_messages:,} messages consumed (first message -> 100%): "
+            f"{growth_mib:+.1f} MiB; target < 10 MB: "
+            f"{common.target_check(growth_mib, 10.0, at_most=True)}"
+        )
     return 0
 
 

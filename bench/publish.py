@@ -3,10 +3,20 @@
 
 Cases (200-byte messages, a fresh topic for every client and case):
 
-* ``pub x1``     one publisher, each publish waits for nsqd's OK before the next;
+* ``pipelined``  one thread publishes N without waiting, then waits for every answer
+                 (nsqclient: ``pub_async`` x N then ``concurrent.futures.wait``; pynsq: N
+                 ``Writer.pub`` with callbacks from one IOLoop callback; gnsq: N
+                 ``publish(raise_error=False)`` then every ``AsyncResult.get()``);
+* ``pub x1``     one publisher, each publish waits for nsqd's OK before the next; the
+                 latency of every publish is kept (p50/p99);
 * ``pub x8``     eight publishers at once (nsqclient: 8 threads sharing one Producer; pynsq:
-                 8 chains of callbacks on one IOLoop, i.e. 8 PUBs outstanding at a time);
-* ``mpub x200``  one publisher, MPUB of 200 messages, waiting for each OK.
+                 8 chains of callbacks on one IOLoop, i.e. 8 PUBs outstanding at a time;
+                 gnsq: 8 greenlets);
+* ``mpub x200``  one publisher, MPUB of 200 messages, waiting for each OK (go-nsq's
+                 ``bench_writer --batch-size=200`` beside it when NSQ_BIN_DIR holds it).
+
+After the repeats, one more nsqclient run of ``--rss-messages`` ``pub_async`` (at most 10,000
+unanswered at a time) samples the publisher's resident memory at 25/50/75/100%.
 
 Two more clients are not libraries but floors, shown so that the targets can be read against
 what is possible at all on this machine and broker:
@@ -40,13 +50,23 @@ from typing import Any
 import _common as common
 
 CASES = {
-    # name: (publishers, batch size)
+    # name: (publishers, batch size); publishers 0: pipelined, every publish sent at once
+    "pipelined": (0, 1),
     "pub x1": (1, 1),
     "pub x8": (8, 1),
     "mpub x200": (1, 200),
 }
-TARGETS = {"pub x1": 2.0, "pub x8": 2.0, "mpub x200": 1.0}
-CLIENTS = ("nsqclient", "pynsq", "socket", "threads")
+CLIENTS = ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer")
+# which clients each case runs (the threaded floor has no pipelined form; bench_writer only MPUBs)
+CASE_CLIENTS = {
+    "pipelined": ("nsqclient", "pynsq", "gnsq", "socket"),
+    "pub x1": ("nsqclient", "pynsq", "gnsq", "socket", "threads"),
+    "pub x8": ("nsqclient", "pynsq", "gnsq", "socket", "threads"),
+    "mpub x200": ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer"),
+}
+SOCKET_PIPELINE_WINDOW = 1000  # the socket floor's commands in flight in the pipelined case
+MEMORY_WINDOW = 10_000  # unanswered pub_async at most in the memory run
+RSS_POINTS = ("before start", "25%", "50%", "75%", "100%")
 
 
 # ------------------------------------------------------------------------------ children
@@ -81,17 +101,36 @@ def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
             errors.append(exc)
 
     window = common.CpuWindow(spec["broker_pid"])
+    extra: dict[str, Any] = {}
     try:
         producer.pub(topic + "_warmup", body)  # connect before the clock starts
-        if batch > 1:
+        if spec.get("memory"):
+            extra = _nsqclient_memory(producer, topic, body, n, window)
+        elif batch > 1:
             batches = [[body] * size for size in _split_batches(n, batch)]
             window.start()
             for bodies in batches:
                 producer.mpub(topic, bodies)
+        elif publishers == 0:
+            from concurrent.futures import wait
+
+            window.start()
+            futures = [producer.pub_async(topic, body) for _ in range(n)]
+            _, not_done = wait(futures, timeout=600.0)
+            window.stop()
+            failed = [f for f in futures if f.done() and f.exception() is not None]
+            if not_done or failed:
+                first = failed[0].exception() if failed else None
+                return {"error": f"{len(not_done)} unanswered, {len(failed)} failed: {first!r}"}
         elif publishers == 1:
+            latencies = []
+            clock = time.perf_counter
             window.start()
             for _ in range(n):
+                t0 = clock()
                 producer.pub(topic, body)
+                latencies.append(clock() - t0)
+            extra = common.latency_summary(latencies)
         else:
             threads = [
                 threading.Thread(target=publish, args=(count,), name=f"bench-pub-{i}")
@@ -106,9 +145,33 @@ def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
         window.stop()
         if errors:
             return {"error": f"{len(errors)} publisher(s) failed, first: {errors[0]!r}"}
-        return {**window.as_dict(), "published": n}
+        return {**window.as_dict(), "published": n, **extra}
     finally:
         producer.close()
+
+
+def _nsqclient_memory(
+    producer: Any, topic: str, body: bytes, n: int, window: common.CpuWindow
+) -> dict[str, Any]:
+    """``pub_async`` n times, at most MEMORY_WINDOW unanswered (waiting for the oldest beyond
+    that), sampling the resident set at 25/50/75/100% of n."""
+    from collections import deque
+
+    rss = {"before start": common.proc_status_kib("VmRSS")}
+    marks = {max(1, n * q // 4): f"{25 * q}%" for q in (1, 2, 3, 4)}
+    pending: deque[Any] = deque()
+    window.start()
+    for i in range(1, n + 1):
+        pending.append(producer.pub_async(topic, body))
+        if len(pending) > MEMORY_WINDOW:
+            pending.popleft().result(60.0)
+        label = marks.get(i)
+        if label is not None:
+            rss[label] = common.proc_status_kib("VmRSS")
+    while pending:
+        pending.popleft().result(60.0)
+    window.stop()
+    return {"rss_kib": rss}
 
 
 def _split_batches(n: int, batch: int) -> list[int]:
@@ -129,6 +192,11 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
     state: dict[str, Any] = {"sent": 0, "acked": 0, "error": None}
     window = common.CpuWindow(spec["broker_pid"])
     sizes = _split_batches(n, batch) if batch > 1 else None
+    if chains == 0:  # pipelined: every publish sent from one IOLoop callback
+        chains = n
+    latencies: list[float] = []
+    sent_at = [0.0]
+    clock = time.perf_counter
     batches = [[body] * size for size in sizes] if sizes else None
 
     def finish(error: str | None = None) -> None:
@@ -147,12 +215,15 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
             if state["sent"] >= n:
                 return
             state["sent"] += 1
+            sent_at[0] = clock()
             writer.pub(topic, body, callback=on_ack)
 
     def on_ack(conn: Any, data: Any) -> None:
         if isinstance(data, nsq.Error):
             finish(f"publish failed: {data!r}")
             return
+        if chains == 1 and batches is None:
+            latencies.append(clock() - sent_at[0])
         state["acked"] += 1  # one OK per PUB or per MPUB
         total = len(batches) if batches is not None else n
         if state["acked"] >= total:
@@ -184,7 +255,61 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
         loop.start()
     if state["error"]:
         return {"error": state["error"]}
-    return {**window.as_dict(), "published": n}
+    extra = common.latency_summary(latencies) if latencies else {}
+    return {**window.as_dict(), "published": n, **extra}
+
+
+def run_gnsq(spec: dict[str, Any]) -> dict[str, Any]:
+    """gnsq's Producer (gevent): blocking ``publish``/``multipublish``; pipelined:
+    ``publish(raise_error=False)`` returns an AsyncResult; eight publishers are greenlets."""
+    import logging
+
+    import gevent
+    import gnsq
+
+    logging.getLogger("gnsq").setLevel(logging.ERROR)
+    body = common.message_body(spec["size"])
+    topic, n, publishers, batch = spec["topic"], spec["n"], spec["publishers"], spec["batch"]
+    producer = gnsq.Producer([spec["tcp"]])
+    window = common.CpuWindow(spec["broker_pid"])
+    extra: dict[str, Any] = {}
+    with common.maybe_profile(spec):
+        producer.start()
+        try:
+            producer.publish(topic + "_warmup", body, timeout=30.0)
+            if batch > 1:
+                batches = [[body] * size for size in _split_batches(n, batch)]
+                window.start()
+                for bodies in batches:
+                    producer.multipublish(topic, bodies)
+            elif publishers == 0:
+                window.start()
+                results = [producer.publish(topic, body, raise_error=False) for _ in range(n)]
+                for result in results:
+                    result.get(timeout=600.0)
+            elif publishers == 1:
+                latencies = []
+                clock = time.perf_counter
+                window.start()
+                for _ in range(n):
+                    t0 = clock()
+                    producer.publish(topic, body)
+                    latencies.append(clock() - t0)
+                extra = common.latency_summary(latencies)
+            else:
+
+                def publish(count: int) -> None:
+                    for _ in range(count):
+                        producer.publish(topic, body)
+
+                greenlets = [gevent.spawn(publish, c) for c in _split(n, publishers)]
+                window.start()
+                gevent.joinall(greenlets, timeout=600.0, raise_error=True)
+            window.stop()
+        finally:
+            producer.close()
+            producer.join(10.0)
+    return {**window.as_dict(), "published": n, **extra}
 
 
 def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
@@ -196,6 +321,8 @@ def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
     host, _, port = spec["tcp"].rpartition(":")
     body = common.message_body(spec["size"])
     topic, n, window_size, batch = spec["topic"], spec["n"], spec["publishers"], spec["batch"]
+    if window_size == 0:  # pipelined: many commands in flight
+        window_size = SOCKET_PIPELINE_WINDOW
     if batch > 1:
         commands = [protocol.mpub(topic, [body] * size) for size in _split_batches(n, batch)]
     else:
@@ -225,6 +352,19 @@ def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
     while acked < 0:
         acked += len(answers())
     window = common.CpuWindow(spec["broker_pid"])
+    if window_size == 1 and batch == 1:  # one at a time: keep every latency
+        latencies = []
+        clock = time.perf_counter
+        command = commands[0]
+        window.start()
+        for _ in range(n):
+            t0 = clock()
+            sock.sendall(command)
+            answers()
+            latencies.append(clock() - t0)
+        window.stop()
+        sock.close()
+        return {**window.as_dict(), "published": n, **common.latency_summary(latencies)}
     window.start()
     sent = min(window_size, len(commands))
     sock.sendall(b"".join(commands[:sent]))
@@ -300,10 +440,20 @@ def run_threads(spec: dict[str, Any]) -> dict[str, Any]:
     request(protocol.pub(topic + "_warmup", body))
     go = threading.Event()
 
+    latencies: list[float] = []
+
     def publish(count: int) -> None:
         go.wait(30.0)
+        command = protocol.pub(topic, body)
+        if publishers == 1:
+            clock = time.perf_counter
+            for _ in range(count):
+                t0 = clock()
+                request(command)
+                latencies.append(clock() - t0)
+            return
         for _ in range(count):
-            request(protocol.pub(topic, body))
+            request(command)
 
     window = common.CpuWindow(spec["broker_pid"])
     if batch > 1:
@@ -324,7 +474,8 @@ def run_threads(spec: dict[str, Any]) -> dict[str, Any]:
     for t in threads:
         t.join(30.0)
     sock.close()
-    return {**window.as_dict(), "published": n}
+    extra = common.latency_summary(latencies) if latencies else {}
+    return {**window.as_dict(), "published": n, **extra}
 
 
 def child_main(spec: dict[str, Any]) -> None:
@@ -333,6 +484,7 @@ def child_main(spec: dict[str, Any]) -> None:
         "pynsq": run_pynsq,
         "socket": run_socket,
         "threads": run_threads,
+        "gnsq": run_gnsq,
     }[spec["client"]]
     common.emit_result(run(spec))
 
@@ -340,9 +492,24 @@ def child_main(spec: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ parent
 
 
-def measure(args: argparse.Namespace, broker: common.Broker, case: str, client: str) -> float:
-    publishers, batch = CASES[case]
-    n = args.mpub_messages if batch > 1 else args.messages
+def case_messages(args: argparse.Namespace, case: str) -> int:
+    return {
+        "pipelined": args.pipelined_messages,
+        "pub x1": args.messages,
+        "pub x8": args.messages,
+        "mpub x200": args.mpub_messages,
+    }[case]
+
+
+def measure(
+    args: argparse.Namespace, broker: common.Broker, case: str, client: str
+) -> dict[str, Any]:
+    """One client, one case, in a child; nsqd's /stats must count every message."""
+    if client == "bench_writer":
+        return measure_bench_writer(args, broker, case)
+    publishers, batch = CASES.get(case, (0, 1))  # "memory": pub_async, windowed
+    memory = case == "memory"
+    n = args.rss_messages if memory else case_messages(args, case)
     topic = common.fresh_topic(case.replace(" ", ""), client)
     spec = {
         "client": client,
@@ -353,6 +520,7 @@ def measure(args: argparse.Namespace, broker: common.Broker, case: str, client: 
         "publishers": publishers,
         "batch": batch,
         "size": args.size,
+        "memory": memory,
         **common.profile_spec(args, client),
         "broker_pid": broker.pid,
     }
@@ -367,24 +535,82 @@ def measure(args: argparse.Namespace, broker: common.Broker, case: str, client: 
         raise common.ChildError(f"{client} {case}: nsqd counts {counted} messages, expected {n}")
     common.delete_topic(broker.http_address, topic)
     common.delete_topic(broker.http_address, topic + "_warmup")
-    rate = n / result["seconds"]
+    result["rate"] = n / result["seconds"]
+    result["us_per_msg"] = result["cpu"] / n * 1e6
+    latency = (
+        f"; latency p50 {result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us"
+        if "p50_us" in result
+        else ""
+    )
     print(
-        f"  {case:10} {client:9} {n:>9,} msgs in {result['seconds']:7.2f}s = "
-        f"{rate:>10,.0f} msg/s, {common.describe_cpu(result, n)}; nsqd counted {counted:,}",
+        f"  {case:10} {client:12} {n:>9,} msgs in {result['seconds']:7.2f}s = "
+        f"{result['rate']:>10,.0f} msg/s, {common.describe_cpu(result, n)}{latency}; "
+        f"nsqd counted {counted:,}",
         file=sys.stderr,
     )
-    return rate
+    return result
+
+
+def measure_bench_writer(args: argparse.Namespace, broker: common.Broker, case: str) -> dict:
+    """go-nsq's bench_writer (one connection per CPU, each MPUBing batches and waiting for the
+    OK) for ``--go-runfor`` seconds."""
+    tool = common.go_tool(args, "bench_writer")
+    assert tool is not None
+    batch = CASES[case][1]
+    topic = common.fresh_topic(case.replace(" ", ""), "bench_writer")
+    out = common.run_go_tool(
+        [
+            tool,
+            f"--nsqd-tcp-address={broker.tcp_address}",
+            f"--topic={topic}",
+            f"--runfor={args.go_runfor}s",
+            f"--size={args.size}",
+            f"--batch-size={batch}",
+        ],
+        timeout=args.go_runfor + 60.0,
+    )
+    counted = common.topic_message_count(broker.http_address, topic)
+    common.delete_topic(broker.http_address, topic)
+    result = {
+        "rate": out["rate"],
+        "seconds": args.go_runfor,
+        "cpu": out["cpu"],
+        "us_per_msg": out["cpu"] / counted * 1e6 if counted else None,
+    }
+    print(
+        f"  {case:10} {'bench_writer':12} {counted:>9,} msgs in {args.go_runfor:7.2f}s = "
+        f"{out['rate']:>10,.0f} msg/s, {result['us_per_msg'] or 0:5.1f} us CPU/msg (whole "
+        f"process); nsqd counted {counted:,}",
+        file=sys.stderr,
+    )
+    return result
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = common.argument_parser(
-        __doc__, 50_000, "messages per client in the pub cases (default 50000)"
+        __doc__, 20_000, "messages per client in the pub x1 and pub x8 cases (default 20000)"
+    )
+    parser.add_argument(
+        "--pipelined-messages",
+        type=int,
+        default=100_000,
+        help="messages per client in the pipelined case (default 100000)",
     )
     parser.add_argument(
         "--mpub-messages",
         type=int,
         default=1_000_000,
         help="messages per client in the mpub case (default 1000000)",
+    )
+    parser.add_argument(
+        "--rss-messages",
+        type=int,
+        default=1_000_000,
+        help="one more nsqclient run of this many pub_async (at most 10,000 unanswered) for the "
+        "resident memory growth, once after the repeats; 0: none (default 1000000)",
+    )
+    parser.add_argument(
+        "--go-runfor", type=float, default=1.0, help="bench_writer's --runfor in seconds (1)"
     )
     parser.add_argument("--size", type=int, default=common.MESSAGE_SIZE, help="body bytes")
     parser.add_argument(
@@ -393,12 +619,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--clients",
         default=",".join(CLIENTS),
-        help=f"comma-separated subset of {','.join(CLIENTS)}",
+        help=f"comma-separated subset of {','.join(CLIENTS)} (default: all; gnsq and "
+        "bench_writer are left out when gnsq does not import / NSQ_BIN_DIR has no bench_writer)",
     )
     common.add_profile_arguments(parser)
     parser.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child")
     common.add_repeat_argument(parser)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.messages = min(args.messages, 500)
+        args.pipelined_messages = min(args.pipelined_messages, 2000)
+        args.mpub_messages = min(args.mpub_messages, 4000)
+        args.rss_messages = min(args.rss_messages, 4000)
+        args.go_runfor = min(args.go_runfor, 0.2)
+        args.repeat = 1
+        args.child_timeout = min(args.child_timeout, 120.0)
     args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
     for c in args.case_list:
         if c not in CASES:
@@ -407,9 +642,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for c in args.client_list:
         if c not in CLIENTS:
             parser.error(f"unknown client {c!r}")
-    if args.messages < 1 or args.mpub_messages < 1 or args.repeat < 1:
+    if min(args.messages, args.pipelined_messages, args.mpub_messages, args.repeat) < 1:
         parser.error("message counts and --repeat must be positive")
     return args
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if not r or not r.get("rate"):
+        return "-"
+    text = f"{r['rate']:,.0f}/s"
+    if r.get("us_per_msg") is not None:
+        text += f" ({r['us_per_msg']:.1f} us)"
+    return text
+
+
+def _latency(r: dict[str, Any] | None) -> str:
+    if not r or "p50_us" not in r:
+        return "-"
+    return f"{r['p50_us']:.0f} / {r['p99_us']:.0f} us"
+
+
+def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest run; for latencies, the lowest p50 and the lowest p99 over the runs."""
+    best = dict(max(runs, key=lambda r: r["rate"]))
+    for key in ("p50_us", "p90_us", "p99_us", "max_us"):
+        values = [r[key] for r in runs if key in r]
+        if values:
+            best[key] = min(values)
+    return best
 
 
 def main(argv: list[str]) -> int:
@@ -417,55 +677,198 @@ def main(argv: list[str]) -> int:
         child_main(json.loads(argv[1]))
         return 0
     args = parse_args(argv)
-    results: dict[tuple[str, str], list[float]] = {}
-    mem_queue = args.mem_queue_size or max(args.messages, args.mpub_messages) + 1000
+    skipped: list[str] = []
+    clients = list(args.client_list)
+    if "gnsq" in clients and (problem := common.gnsq_problem()):
+        clients.remove("gnsq")
+        skipped.append(f"gnsq: {problem}")
+    if "bench_writer" in clients and not common.go_tool(args, "bench_writer"):
+        clients.remove("bench_writer")
+        skipped.append("go-nsq bench_writer: not in NSQ_BIN_DIR / --bin-dir")
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    mem_queue = args.mem_queue_size or (
+        max(args.messages, args.pipelined_messages, args.mpub_messages, args.rss_messages) + 1000
+    )
     with common.open_broker(args, mem_queue_size=mem_queue) as broker:
         print(
             f"publish benchmark: {broker.description}; {common.describe_machine()}; "
-            f"{args.size}-byte messages; pub n={args.messages:,}, mpub n={args.mpub_messages:,}",
+            f"{args.size}-byte messages; pipelined n={args.pipelined_messages:,}, pub "
+            f"n={args.messages:,}, mpub n={args.mpub_messages:,}; best of {args.repeat}, "
+            "interleaved",
             file=sys.stderr,
         )
+        for note in skipped:
+            print(f"  (not measured) {note}", file=sys.stderr)
         for _ in range(args.repeat):
             for case in args.case_list:
-                for client in args.client_list:
-                    rate = measure(args, broker, case, client)
-                    results.setdefault((case, client), []).append(rate)
+                for client in CASE_CLIENTS[case]:
+                    if client in clients:
+                        runs.setdefault((case, client), []).append(
+                            measure(args, broker, case, client)
+                        )
+        memory = None
+        if args.rss_messages and "nsqclient" in clients:
+            print(
+                f"  memory run: nsqclient, {args.rss_messages:,} pub_async",
+                file=sys.stderr,
+            )
+            memory = measure(args, broker, "memory", "nsqclient")
+    best = {key: _best(results) for key, results in runs.items()}
+    versions = common.library_versions()
+
+    def get(case: str, client: str) -> dict[str, Any] | None:
+        return best.get((case, client))
+
+    def rate(case: str, client: str) -> float | None:
+        r = get(case, client)
+        return r["rate"] if r else None
+
     print()
-    best = f" (best of {args.repeat} runs each)" if args.repeat > 1 else ""
-    print(f"publish, {args.size}-byte messages{best}, broker: {broker.description}")
+    print(
+        f"### publish: {args.size}-byte messages, best of {args.repeat} (interleaved); "
+        f"pipelined x{args.pipelined_messages:,}, pub x{args.messages:,}, "
+        f"MPUB {args.mpub_messages:,} messages"
+    )
+    print()
+    print(f"broker: {broker.description}; {common.describe_machine()}")
+    print(
+        "cells: msg/s (CPU us/msg = publisher process CPU time / messages, all its threads); "
+        "latency: best p50 / best p99 over the runs"
+    )
+    print()
     rows = []
-    for case in args.case_list:
-        ours = max(results.get((case, "nsqclient"), []), default=None)
-        theirs = max(results.get((case, "pynsq"), []), default=None)
-        floor = max(results.get((case, "socket"), []), default=None)
-        threads_floor = max(results.get((case, "threads"), []), default=None)
+    if "pipelined" in args.case_list:
+        r = common.ratio(rate("pipelined", "nsqclient"), rate("pipelined", "pynsq"))
+        rg = common.ratio(rate("pipelined", "nsqclient"), rate("pipelined", "gnsq"))
         rows.append(
             [
-                case,
-                common.fmt_rate(ours),
-                common.fmt_rate(theirs),
-                common.fmt_ratio(ours, theirs),
-                f">= {TARGETS[case]:.0f}x",
-                common.fmt_rate(threads_floor),
-                common.fmt_ratio(threads_floor, theirs),
-                common.fmt_rate(floor),
-                common.fmt_ratio(floor, theirs),
+                f"pipelined from one thread (pub_async x{args.pipelined_messages:,}, then wait)",
+                _cell(get("pipelined", "nsqclient")),
+                _cell(get("pipelined", "pynsq")),
+                _cell(get("pipelined", "gnsq")),
+                "-",
+                f"socket {_cell(get('pipelined', 'socket'))}",
+                f"{common.fmt_x(r)} pynsq, {common.fmt_x(rg)} gnsq",
+                ">= 4x pynsq",
+                common.target_check(r, 4.0),
             ]
         )
-    common.print_table(
-        [
-            "case",
-            "nsqclient msg/s",
-            "pynsq msg/s",
-            "ratio",
-            "target",
-            "threads floor",
-            "/pynsq",
-            "socket floor",
-            "/pynsq",
-        ],
-        rows,
+    if "pub x1" in args.case_list:
+        ours, floor = get("pub x1", "nsqclient"), get("pub x1", "socket")
+        p50 = common.ratio(ours and ours["p50_us"], floor and floor["p50_us"])
+        p99 = common.ratio(ours and ours["p99_us"], floor and floor["p99_us"])
+        met = "-"
+        if p50 is not None and p99 is not None:
+            met = "ok" if p50 <= 1.5 and p99 <= 2.0 else "MISS"
+        rows.append(
+            [
+                "one blocking pub() at a time: latency p50 / p99",
+                _latency(ours),
+                _latency(get("pub x1", "pynsq")),
+                _latency(get("pub x1", "gnsq")),
+                "-",
+                f"socket {_latency(floor)}",
+                f"p50 {common.fmt_x(p50)}, p99 {common.fmt_x(p99)} socket",
+                "p50 <= 1.5x, p99 <= 2x socket",
+                met,
+            ]
+        )
+        r = common.ratio(rate("pub x1", "nsqclient"), rate("pub x1", "pynsq"))
+        rows.append(
+            [
+                "one blocking pub() at a time: rate",
+                _cell(ours),
+                _cell(get("pub x1", "pynsq")),
+                _cell(get("pub x1", "gnsq")),
+                "-",
+                f"socket {_cell(floor)}",
+                f"{common.fmt_x(r)} pynsq",
+                "-",
+                "-",
+            ]
+        )
+    if "pub x8" in args.case_list:
+        r = common.ratio(rate("pub x8", "nsqclient"), rate("pub x8", "pynsq"))
+        rows.append(
+            [
+                "8 threads sharing one Producer, pub() (pynsq: 8 callback chains)",
+                _cell(get("pub x8", "nsqclient")),
+                _cell(get("pub x8", "pynsq")),
+                _cell(get("pub x8", "gnsq")),
+                "-",
+                f"socket {_cell(get('pub x8', 'socket'))}",
+                f"{common.fmt_x(r)} pynsq",
+                ">= 1x pynsq",
+                common.target_check(r, 1.0),
+            ]
+        )
+    if "mpub x200" in args.case_list:
+        go = rate("mpub x200", "bench_writer")
+        r = common.ratio(rate("mpub x200", "nsqclient"), go)
+        rp = common.ratio(rate("mpub x200", "nsqclient"), rate("mpub x200", "pynsq"))
+        rows.append(
+            [
+                "MPUB x200",
+                _cell(get("mpub x200", "nsqclient")),
+                _cell(get("mpub x200", "pynsq")),
+                _cell(get("mpub x200", "gnsq")),
+                "bench_writer " + _cell(get("mpub x200", "bench_writer")),
+                f"socket {_cell(get('mpub x200', 'socket'))}",
+                f"{common.fmt_x(r)} bench_writer, {common.fmt_x(rp)} pynsq",
+                ">= 0.85x bench_writer",
+                common.target_check(r, 0.85),
+            ]
+        )
+    print(
+        common.markdown_table(
+            [
+                "case",
+                "nsqclient",
+                f"pynsq {versions.get('pynsq', '?')}",
+                f"gnsq {versions.get('gnsq', '-')}",
+                "go-nsq tool",
+                "floor",
+                "ratio",
+                "target",
+                "met",
+            ],
+            rows,
+        )
     )
+    for note in skipped:
+        print(f"\nnot measured: {note}")
+    print()
+    print("every client, msg/s (best run); latency p50/p99 where kept")
+    print()
+    matrix = []
+    for case in args.case_list:
+        for client in CASE_CLIENTS[case]:
+            r = get(case, client)
+            if r:
+                matrix.append([case, client, _cell(r), _latency(r)])
+    print(common.markdown_table(["case", "client", "msg/s (CPU us/msg)", "p50 / p99"], matrix))
+    if memory is not None:
+        rss = memory["rss_kib"]
+        print()
+        print(
+            f"resident memory of the publisher over {args.rss_messages:,} pub_async "
+            f"(at most {MEMORY_WINDOW:,} unanswered), MiB; {memory['rate']:,.0f} msg/s"
+        )
+        print()
+        points = [p for p in RSS_POINTS if p in rss]
+        growth = (rss["100%"] - rss["before start"]) / 1024
+        steady = (rss["100%"] - rss["25%"]) / 1024
+        print(
+            common.markdown_table(
+                [*points, "before->100%", "25%->100%"],
+                [[*(f"{rss[p] / 1024:.1f}" for p in points), f"{growth:+.1f}", f"{steady:+.1f}"]],
+            )
+        )
+        print(
+            f"\nRSS growth over {args.rss_messages:,} pub_async (before -> 100%): "
+            f"{growth:+.1f} MiB; target < 10 MB: "
+            f"{common.target_check(growth, 10.0, at_most=True)}"
+        )
     return 0
 
 
