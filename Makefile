@@ -12,8 +12,20 @@ $(STAMP): setup.cfg setup.py
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
+# The client's integration tests run a second time with the embedded nsqd cutting every write
+# into small random pieces (NSQCLIENT_TESTING_SPLIT_WRITES, see nsqclient/testing/writes.py),
+# so that frame reassembly is tested on every read boundary.  Skipped against real binaries.
+SPLIT_WRITES_TESTS := tests/test_consumer.py tests/test_consumer_faults.py \
+	tests/test_consumer_scale.py tests/test_producer.py tests/test_producer_wsgi.py \
+	tests/test_conn.py tests/test_conn_writes.py tests/test_compat.py
+
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@if [ -z "$$NSQ_BIN_DIR" ]; then \
+		echo "== again with split writes (NSQCLIENT_TESTING_SPLIT_WRITES=1)"; \
+		NSQCLIENT_TESTING_SPLIT_WRITES=1 $(PY) -m pytest -q -p no:cacheprovider \
+			$(SPLIT_WRITES_TESTS); \
+	fi
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

@@ -41,10 +41,17 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for target in _imported(path, node):
-                    if target in modules and target != name:
-                        graph[name].add(target)
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            target, *names = _imported(path, node)
+            if isinstance(node, ast.ImportFrom):
+                # "from . import mod" imports the submodule; "from .mod import name" the module
+                reached = [n for n in names if n in modules] or [target]
+            else:
+                reached = [target, *names]
+            for module in reached:
+                if module in modules and module != name:
+                    graph[name].add(module)
     return graph
 
 

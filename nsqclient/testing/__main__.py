@@ -1,6 +1,13 @@
-"""``python -m nsqclient.testing``: run an embedded nsqd (and nsqlookupd) until SIGINT/SIGTERM.
+"""``python -m nsqclient.testing``: run embedded NSQ servers until SIGINT/SIGTERM.
 
-Example::
+One server each, with the real binary's flags and meanings (see :mod:`.cli`)::
+
+    python -m nsqclient.testing nsqlookupd --tcp-address=127.0.0.1:4160 --http-address=...
+    python -m nsqclient.testing nsqd --lookupd-tcp-address=127.0.0.1:4160 --data-path=/tmp/d
+
+(the same as the ``nsqclient-nsqlookupd`` and ``nsqclient-nsqd`` commands).  Without a server
+name, the older combined mode: one nsqd and, with ``--lookupd-tcp-address`` and
+``--lookupd-http-address``, an nsqlookupd in the same process that it registers with::
 
     python -m nsqclient.testing --tcp-address 127.0.0.1:4150 --http-address 127.0.0.1:4151 \\
         --lookupd-tcp-address 127.0.0.1:4160 --lookupd-http-address 127.0.0.1:4161
@@ -14,6 +21,7 @@ import signal
 import sys
 import threading
 
+from .cli import nsqd_main, nsqlookupd_main
 from .cluster import EmbeddedNSQ
 
 log = logging.getLogger("nsqclient.testing")
@@ -28,7 +36,17 @@ def _duration(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, run the cluster until a signal, return the exit status."""
+    """Run ``nsqd ...`` or ``nsqlookupd ...`` (or the combined mode); return the exit status."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "nsqd":
+        return nsqd_main(args[1:], prog="python -m nsqclient.testing nsqd")
+    if args and args[0] == "nsqlookupd":
+        return nsqlookupd_main(args[1:], prog="python -m nsqclient.testing nsqlookupd")
+    return combined_main(args)
+
+
+def combined_main(argv: list[str]) -> int:
+    """The combined mode: parse arguments, run the cluster until a signal."""
     parser = argparse.ArgumentParser(
         prog="python -m nsqclient.testing", description="Run an embedded nsqd (+ nsqlookupd)."
     )
@@ -73,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     stop = threading.Event()
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: object) -> None:
         log.info("signal %d received; exiting", signum)
         stop.set()
 

@@ -67,7 +67,17 @@ def parse_query(raw: str) -> dict[str, list[str]]:
 class Request:
     """One parsed HTTP request."""
 
-    __slots__ = ("method", "target", "path", "raw_query", "version", "headers", "body", "peer")
+    __slots__ = (
+        "method",
+        "target",
+        "path",
+        "raw_query",
+        "version",
+        "headers",
+        "body",
+        "peer",
+        "tls",
+    )
 
     def __init__(
         self,
@@ -77,6 +87,7 @@ class Request:
         headers: dict[str, str],
         body: bytes,
         peer: str,
+        tls: bool = False,
     ):
         self.method = method
         self.target = target
@@ -87,6 +98,8 @@ class Request:
         self.headers = headers  # lower-cased names
         self.body = body
         self.peer = peer
+        #: the request came over TLS (nsqd's HTTPS listener)
+        self.tls = tls
 
     @property
     def content_length(self) -> int:
@@ -203,11 +216,13 @@ class HTTPServerProtocol(asyncio.Protocol):
         self.buf = bytearray()
         self.closed = False
         self.peer = ""
+        self.tls = False
         self._continued = False  # "100 Continue" already sent for the pending request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
+        self.tls = transport.get_extra_info("sslcontext") is not None
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
@@ -340,7 +355,7 @@ class HTTPServerProtocol(asyncio.Protocol):
                 pos += length
             del buf[:pos]
             self._continued = False
-            request = Request(method, target, version, headers, body, self.peer)
+            request = Request(method, target, version, headers, body, self.peer, self.tls)
             conn_hdr = headers.get("connection", "").lower()
             close = conn_hdr == "close" or (version == "HTTP/1.0" and conn_hdr != "keep-alive")
             try:

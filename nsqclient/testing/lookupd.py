@@ -33,11 +33,14 @@ class Lookupd(Listeners):
         inactive_producer_timeout: float = 300.0,
         tombstone_lifetime: float = 45.0,
         registry: dict[str, Lookupd] | None = None,
+        http_host: str | None = None,
     ):
         self.loop = loop
         self.host = host
         self.tcp_port = tcp_port
         self.http_port = http_port
+        #: where the HTTP listener binds when not on ``host``
+        self.http_host = http_host
         self.legacy_json = legacy_json
         self.broadcast_address = broadcast_address
         self.inactive_producer_timeout = inactive_producer_timeout
@@ -62,7 +65,10 @@ class Lookupd(Listeners):
         self.tcp_port = tcp.sockets[0].getsockname()[1]
         try:
             http = await self.loop.create_server(
-                lambda: HTTPServerProtocol(self), self.host, self.http_port, reuse_address=True
+                lambda: HTTPServerProtocol(self),
+                self.http_host or self.host,
+                self.http_port,
+                reuse_address=True,
             )
         except BaseException:
             tcp.close()

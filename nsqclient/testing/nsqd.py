@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import socket
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Protocol
 
+from . import datapath
 from .gostyle import VERSION
+from .httpclient import http_get_json
 from .httpserver import HTTPServerProtocol
 from .ids import GUIDFactory
 from .lookup_peer import LookupPeer
@@ -31,6 +35,7 @@ from .nsqd_http import NSQDHTTP
 from .options import NSQDOptions, build_ssl_context
 from .protocol_v2 import ClientConn
 from .queues import Channel, Message, Topic
+from .writes import WriteSplitter
 
 __all__ = ["NSQDOptions", "NSQD", "Topic", "Channel", "Message", "ClientConn", "VERSION"]
 
@@ -57,12 +62,20 @@ class NSQD(Listeners):
         tcp_port: int = 0,
         http_port: int = 0,
         lookupd_registry: Mapping[str, ChannelDirectory] | None = None,
+        http_host: str | None = None,
+        https_host: str | None = None,
+        https_port: int | None = None,
     ):
         self.loop = loop
         self.opts = opts
         self.host = host
         self.tcp_port = tcp_port
         self.http_port = http_port
+        #: where the HTTP listener binds when not on ``host``
+        self.http_host = http_host
+        #: the HTTPS listener (only with a TLS certificate; None: no HTTPS listener)
+        self.https_host = https_host
+        self.https_port = https_port
         node_id = opts.node_id if opts.node_id is not None else random.randrange(1024)
         self.guid = GUIDFactory(node_id)
         self.topics: dict[str, Topic] = {}
@@ -79,15 +92,31 @@ class NSQD(Listeners):
         self._client_seq = 0
         self._tcp_server: asyncio.AbstractServer | None = None
         self._http_server: asyncio.AbstractServer | None = None
+        self._https_server: asyncio.AbstractServer | None = None
         self._dirty: dict[Channel, None] = {}
         self._flush_q: list[ClientConn] = []
         self._kicked = False
         self._scan_handle: asyncio.TimerHandle | None = None
         self._scan_at = 0.0
+        self._split_seed = (
+            opts.split_writes_seed
+            if opts.split_writes_seed is not None
+            else random.randrange(1 << 32)
+        )
+        #: True while topics and channels are restored from the data path
+        self.restoring = False
+        self._restored = False
+        self._tasks: set[asyncio.Task[None]] = set()
         self.http = NSQDHTTP(self)
         self.router = self.http.router
 
     # -- setup
+
+    def write_splitter(self, client_id: int) -> WriteSplitter | None:
+        """The fault control cutting client ``client_id``'s writes, when it is on."""
+        if not self.opts.split_writes:
+            return None
+        return WriteSplitter(f"{self._split_seed}:{client_id}")
 
     def next_client_id(self) -> int:
         self._client_seq += 1
@@ -97,23 +126,48 @@ class NSQD(Listeners):
         """Listen (on the remembered ports after a restart) and connect to nsqlookupd."""
         if self.running:
             return
+        if self.opts.data_path and not self._restored:
+            self._restore()
+        self._restored = True
         self._tcp_server = await self.loop.create_server(
             lambda: ClientConn(self), self.host, self.tcp_port, reuse_address=True
         )
         self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
         try:
             self._http_server = await self.loop.create_server(
-                lambda: HTTPServerProtocol(self), self.host, self.http_port, reuse_address=True
+                lambda: HTTPServerProtocol(self),
+                self.http_host or self.host,
+                self.http_port,
+                reuse_address=True,
             )
         except BaseException:
             self._tcp_server.close()
             raise
         self.http_port = self._http_server.sockets[0].getsockname()[1]
+        if self.ssl_context is not None and self.https_port is not None:
+            try:
+                self._https_server = await self.loop.create_server(
+                    lambda: HTTPServerProtocol(self),
+                    self.https_host or self.host,
+                    self.https_port,
+                    reuse_address=True,
+                    ssl=self.ssl_context,
+                )
+            except BaseException:
+                self._tcp_server.close()
+                self._http_server.close()
+                raise
+            self.https_port = self._https_server.sockets[0].getsockname()[1]
+            log.info(
+                "nsqd HTTPS: listening on %s:%d", self.https_host or self.host, self.https_port
+            )
         self.start_time = int(time.time())
         self.running = True
         self.stalled = False
         log.info("nsqd TCP: listening on %s", self.tcp_address)
         log.info("nsqd HTTP: listening on %s", self.http_address)
+        if self.opts.split_writes:
+            log.info("nsqd: splitting writes to clients (seed %d)", self._split_seed)
         self.lookup_peers = [LookupPeer(self, addr) for addr in self.opts.lookupd_tcp_addresses]
         for peer in self.lookup_peers:
             peer.start()
@@ -125,7 +179,7 @@ class NSQD(Listeners):
             return
         self.running = False
         self.stalled = False
-        for server in (self._tcp_server, self._http_server):
+        for server in (self._tcp_server, self._http_server, self._https_server):
             if server is not None:
                 server.close()
         for conn in list(self.conns):
@@ -135,13 +189,17 @@ class NSQD(Listeners):
         for peer in self.lookup_peers:
             await peer.stop()
         self.lookup_peers = []
-        for server in (self._tcp_server, self._http_server):
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=2.0)
+        for server in (self._tcp_server, self._http_server, self._https_server):
             if server is not None:
                 try:
                     await asyncio.wait_for(server.wait_closed(), 2.0)
                 except (TimeoutError, Exception):
                     pass
-        self._tcp_server = self._http_server = None
+        self._tcp_server = self._http_server = self._https_server = None
         if self._scan_handle is not None:
             self._scan_handle.cancel()
             self._scan_handle = None
@@ -158,6 +216,48 @@ class NSQD(Listeners):
                 channel.flush_for_shutdown()
         self._dirty.clear()
         self._flush_q.clear()
+        if self.opts.data_path:
+            self.persist_metadata()
+            count = datapath.save_queues(self.opts.data_path, self.topics.values())
+            log.info("nsqd: %d queued message(s) saved in %s", count, self.opts.data_path)
+
+    # -- the data path
+
+    def _restore(self) -> None:
+        """Topics, channels, pause flags and queued messages from the data path."""
+        data_path = self.opts.data_path
+        assert data_path is not None
+        os.makedirs(data_path, exist_ok=True)
+        self.restoring = True
+        count = 0
+        try:
+            for doc in datapath.load_metadata(data_path):
+                topic = self.get_topic(doc["name"])
+                for cdoc in doc.get("channels") or []:
+                    if isinstance(cdoc, dict) and isinstance(cdoc.get("name"), str):
+                        topic.get_channel(cdoc["name"]).paused = bool(cdoc.get("paused"))
+                topic.paused = bool(doc.get("paused"))
+            for topic_name, channel_name, msgs in datapath.load_queues(data_path):
+                topic = self.get_topic(topic_name)
+                if channel_name:
+                    topic.get_channel(channel_name).queue.extend(msgs)
+                else:
+                    topic.queue.extend(msgs)
+                    topic.drain()
+                count += len(msgs)
+        finally:
+            self.restoring = False
+        log.info(
+            "nsqd: restored %d topic(s) and %d queued message(s) from %s",
+            len(self.topics),
+            count,
+            data_path,
+        )
+
+    def persist_metadata(self) -> None:
+        """Rewrite ``nsqd.dat`` in the data path (nothing without one)."""
+        if self.opts.data_path and not self.restoring:
+            datapath.save_metadata(self.opts.data_path, list(self.topics.values()))
 
     def set_lookupd_addresses(self, addresses: list[str]) -> None:
         """nsqd's PUT /config/nsqlookupd_tcp_addresses: connect to new peers, drop old ones."""
@@ -219,26 +319,67 @@ class NSQD(Listeners):
         self.topics[name] = topic
         log.debug("TOPIC(%s): created", name)
         self.notify_lookupd(topic, registering=True)
+        if self.restoring:
+            return topic  # nsqd does not ask nsqlookupd while loading its metadata
         # nsqd asks nsqlookupd which channels the topic has elsewhere and pre-creates them
-        for channel_name in self._lookupd_channels(name):
-            if not channel_name.endswith("#ephemeral"):
-                topic.get_channel(channel_name)
+        # before any message flows (an nsqlookupd in this process is asked directly)
+        names: list[str] = []
+        remote: list[str] = []
+        for address in self._lookupd_http_addresses():
+            lookupd = self.lookupd_registry.get(address)
+            if lookupd is None:
+                remote.append(address)
+            elif lookupd.running:
+                names.extend(n for n in lookupd.channels_of(name) if n not in names)
+        if remote:
+            topic.loading = True
+            task = self.loop.create_task(self._learn_channels(topic, names, remote))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            topic.finish_loading(names)
+        if not names and not remote and self.opts.lookupd_tcp_addresses:
+            log.info("no available nsqlookupd to query for channels of topic %s", name)
         return topic
 
-    def _lookupd_channels(self, topic: str) -> list[str]:
-        names: list[str] = []
+    def _lookupd_http_addresses(self) -> list[str]:
+        """``host:port`` of the HTTP API of every nsqlookupd this node has identified to."""
+        out = []
         for peer in self.lookup_peers:
             info = peer.info
-            if not info or not info.get("broadcast_address"):
-                continue
-            key = f"{info['broadcast_address']}:{info.get('http_port')}"
-            lookupd = self.lookupd_registry.get(key)
-            if lookupd is None or not lookupd.running:
-                continue
-            for name in lookupd.channels_of(topic):
-                if name not in names:
-                    names.append(name)
-        return names
+            if info and info.get("broadcast_address") and info.get("http_port"):
+                address = f"{info['broadcast_address']}:{info['http_port']}"
+                if address not in out:
+                    out.append(address)
+        return out
+
+    async def _learn_channels(self, topic: Topic, names: list[str], addresses: list[str]) -> None:
+        """Ask each nsqlookupd's ``/channels`` for ``topic``'s channels, then open the topic."""
+        opts = self.opts
+        query = urllib.parse.urlencode({"topic": topic.name})
+        try:
+            for address in addresses:
+                url = f"http://{address}/channels?{query}"
+                try:
+                    doc = await http_get_json(
+                        url, opts.http_client_connect_timeout, opts.http_client_request_timeout
+                    )
+                except (OSError, TimeoutError, ValueError) as exc:
+                    log.warning(
+                        "failed to query nsqlookupd %s for channels of topic %s - %s",
+                        address,
+                        topic.name,
+                        exc,
+                    )
+                    continue
+                if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
+                    doc = doc["data"]  # nsqlookupd before 1.0 wrapped its answers
+                found = doc.get("channels") if isinstance(doc, dict) else None
+                for channel in found or []:
+                    if isinstance(channel, str) and channel not in names:
+                        names.append(channel)
+        finally:
+            topic.finish_loading(names)
 
     def delete_topic(self, name: str) -> bool:
         topic = self.topics.get(name)
@@ -254,6 +395,9 @@ class NSQD(Listeners):
         return True
 
     def notify_lookupd(self, obj: Topic | Channel, registering: bool) -> None:
+        """Tell every nsqlookupd (and the data path's metadata) that ``obj`` came or went."""
+        if self.opts.data_path and not obj.ephemeral:
+            self.persist_metadata()
         if not self.lookup_peers:
             return
         verb = b"REGISTER " if registering else b"UNREGISTER "

@@ -63,6 +63,7 @@ class NodeAPI(Protocol):
     start_time: int
     tcp_port: int
     http_port: int
+    https_port: int | None
 
     def get_topic(self, name: str) -> Topic:
         """The topic ``name``, created on first use."""
@@ -75,6 +76,9 @@ class NodeAPI(Protocol):
 
     def producers(self) -> list[ClientConn]:
         """The client connections that have published."""
+
+    def persist_metadata(self) -> None:
+        """Record topics, channels and pause flags in the data path (if any)."""
 
 
 class NSQDHTTP:
@@ -107,8 +111,8 @@ class NSQDHTTP:
 
     def dispatch(self, request: Request) -> Response:
         """Route one request (``TLS_REQUIRED`` first when nsqd's --tls-required=2)."""
-        if self.nsqd.opts.tls_required == 2:
-            body = b'{"message": "TLS_REQUIRED", "https_port": 0}'
+        if self.nsqd.opts.tls_required == 2 and not request.tls:
+            body = b'{"message": "TLS_REQUIRED", "https_port": %d}' % (self.nsqd.https_port or 0)
             return Response(
                 403, body, {"X-Nsq-Content-Type": NSQ_V1, "Content-Type": JSON_CONTENT_TYPE}
             )
@@ -280,6 +284,7 @@ class NSQDHTTP:
         if topic is None:
             raise HTTPErr(404, "TOPIC_NOT_FOUND")
         topic.set_paused("unpause" not in request.path)
+        self.nsqd.persist_metadata()
         return None
 
     def channel_create(self, request: Request) -> Any:
@@ -300,6 +305,7 @@ class NSQDHTTP:
     def channel_pause(self, request: Request) -> Any:
         channel = self._existing_channel(request)
         channel.set_paused("unpause" not in request.path)
+        self.nsqd.persist_metadata()
         return None
 
     def config(self, request: Request) -> Any:
@@ -393,6 +399,8 @@ class NSQDHTTP:
             real_topics = [topic]
         else:
             real_topics = sorted(nsqd.topics.values(), key=lambda t: t.name)
+        # nsqd keeps mem_queue_size messages per queue in memory, the rest on disk
+        mem_queue_size = nsqd.opts.mem_queue_size
         topics = []
         for t in real_topics:
             if channel_name:
@@ -411,7 +419,7 @@ class NSQDHTTP:
                     {
                         "channel_name": c.name,
                         "depth": c.depth(),
-                        "backend_depth": 0,
+                        "backend_depth": max(c.depth() - mem_queue_size, 0),
                         "in_flight_count": len(c.in_flight),
                         "deferred_count": len(c.deferred),
                         "message_count": c.message_count,
@@ -428,7 +436,7 @@ class NSQDHTTP:
                     "topic_name": t.name,
                     "channels": channels,
                     "depth": t.depth(),
-                    "backend_depth": 0,
+                    "backend_depth": max(t.depth() - mem_queue_size, 0),
                     "message_count": t.message_count,
                     "message_bytes": t.message_bytes,
                     "paused": t.paused,

@@ -9,6 +9,8 @@ import ssl
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .writes import split_seed_from_env, split_writes_from_env
+
 __all__ = ["NSQDOptions", "build_ssl_context", "ms"]
 
 _TLS_VERSIONS = {
@@ -59,7 +61,13 @@ class NSQDOptions:
     lookupd_reconnect_interval: float = 1.0
     #: In-flight / deferred scan period (nsqd: 100ms).
     queue_scan_interval: float = 0.05
-    data_path: str | None = None  # accepted for compatibility; the embedded nsqd is memory-only
+    #: Directory where topics, channels and queued messages survive a restart of the process
+    #: (``nsqd.dat`` and ``nsqclient-embedded.queues``); None keeps them in memory only.
+    data_path: str | None = None
+    #: Fault control: cut every write to a client into small random pieces (see :mod:`.writes`).
+    split_writes: bool = field(default_factory=split_writes_from_env)
+    #: Seed for those cuts (None: a random one, logged when the node starts).
+    split_writes_seed: int | None = field(default_factory=split_seed_from_env)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> NSQDOptions:
@@ -102,13 +110,19 @@ def build_ssl_context(opts: NSQDOptions) -> ssl.SSLContext | None:
         except (ValueError, ssl.SSLError):
             pass
     policy = opts.tls_client_auth_policy
+    if policy not in ("", "require", "require-verify"):
+        raise ValueError(f"unknown tls_client_auth_policy {policy!r}")
     if opts.tls_root_ca_file:
         ctx.load_verify_locations(opts.tls_root_ca_file)
     if policy == "require-verify":
         ctx.verify_mode = ssl.CERT_REQUIRED
     elif policy == "require":
-        # Go's RequireAnyClientCert (no verification) has no exact ssl-module twin.
-        ctx.verify_mode = ssl.CERT_REQUIRED if opts.tls_root_ca_file else ssl.CERT_OPTIONAL
+        # Go's RequireAnyClientCert takes any certificate; the ssl module verifies every
+        # certificate it asks for, so "require" verifies against the root CA file (or the
+        # system's CAs) and the connection checks after the handshake that one was sent.
+        if not opts.tls_root_ca_file:
+            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     else:
         ctx.verify_mode = ssl.CERT_NONE
     return ctx

@@ -42,6 +42,7 @@ from .queues import (
     Message,
     Topic,
 )
+from .writes import Output, WriteSplitter, snappy_writes
 
 __all__ = ["ClientConn", "Server", "FatalClientError", "ClientError"]
 
@@ -81,6 +82,9 @@ class Server(Protocol):
 
     def get_topic(self, name: str) -> Topic:
         """The topic ``name``, created on first use."""
+
+    def write_splitter(self, client_id: int) -> WriteSplitter | None:
+        """The fault control that cuts this client's writes up, or None (the default)."""
 
 
 def _base10(raw: bytes) -> int | None:
@@ -191,8 +195,10 @@ class ClientConn(asyncio.Protocol):
         self.write_paused = False
         self.out: list[bytes] = []
         self.flush_scheduled = False
-        self.compress: Callable[[bytes], bytes] | None = None
+        #: compresses one flush into the writes nsqd would make of it
+        self.compress: Callable[[bytes], list[bytes]] | None = None
         self.decompress: Callable[[bytes], bytes] | None = None
+        self.output: Output | None = None
         self.remote = ""
         self.remote_ip = ""
         self.client_id = ""
@@ -230,6 +236,7 @@ class ClientConn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
         self.transport = self.raw_transport = transport
+        self.output = Output(self.loop, transport, self.nsqd.write_splitter(self.id))
         peer = transport.get_extra_info("peername")
         if peer:
             self.remote_ip = peer[0]
@@ -286,6 +293,8 @@ class ClientConn(asyncio.Protocol):
             channel.remove_client(self)
         self.transport = None
         self.out.clear()
+        if self.output is not None:
+            self.output.discard()
 
     def close(self) -> None:
         """Flush what is queued and close (nsqd closing the connection)."""
@@ -295,6 +304,8 @@ class ClientConn(asyncio.Protocol):
             self._write_out()
         transport = self.transport
         self.closed = True
+        if self.output is not None:
+            self.output.drain_now()
         transport.close()
         self._teardown()
 
@@ -347,10 +358,8 @@ class ClientConn(asyncio.Protocol):
     def _write_out(self) -> None:
         data = b"".join(self.out)
         self.out.clear()
-        if self.compress is not None:
-            data = self.compress(data)
-        if self.transport is not None:
-            self.transport.write(data)
+        if self.output is not None:
+            self.output.write([data] if self.compress is None else self.compress(data))
 
     def send_response(self, data: bytes) -> None:
         self.write(encode_frame(FRAME_TYPE_RESPONSE, data))
@@ -660,6 +669,8 @@ class ClientConn(asyncio.Protocol):
                 raise ConnectionError("client sent data before the TLS handshake")
             if self.transport is None or self.nsqd.ssl_context is None:
                 raise ConnectionError("connection closed before the TLS handshake")
+            if self.output is not None:
+                self.output.drain_now()
             transport = await self.loop.start_tls(
                 self.transport,
                 self,
@@ -675,6 +686,15 @@ class ClientConn(asyncio.Protocol):
         if self.closed or transport is None:
             return
         self.transport = transport
+        ssl_object = transport.get_extra_info("ssl_object")
+        if self.opts.tls_client_auth_policy and (
+            ssl_object is None or ssl_object.getpeercert(binary_form=True) is None
+        ):
+            # Go's RequireAnyClientCert / RequireAndVerifyClientCert fail the handshake
+            log.info("[%s] TLS upgrade failed: client didn't provide a certificate", self.remote)
+            self.close()
+            return
+        self.output = Output(self.loop, transport, self.output.splitter if self.output else None)
         self.tls = True
         self.write(_OK_FRAME)
         self._write_out()
@@ -700,15 +720,19 @@ class ClientConn(asyncio.Protocol):
 
             comp = _snappy.StreamCompressor()
             decomp = _snappy.StreamDecompressor()
-            self.compress = comp.compress
+
+            def snappy_compress(data: bytes, _c: Any = comp) -> list[bytes]:
+                return snappy_writes(_c.compress(data))
+
+            self.compress = snappy_compress
             decompress = decomp.decompress
             self.snappy = True
         else:
             zcomp = zlib.compressobj(level, zlib.DEFLATED, -15)
             zdecomp = zlib.decompressobj(-15)
 
-            def compress(data: bytes, _c: Any = zcomp) -> bytes:
-                return _c.compress(data) + _c.flush(zlib.Z_SYNC_FLUSH)
+            def compress(data: bytes, _c: Any = zcomp) -> list[bytes]:
+                return [_c.compress(data) + _c.flush(zlib.Z_SYNC_FLUSH)]
 
             self.compress = compress
             decompress = zdecomp.decompress
@@ -787,6 +811,23 @@ class ClientConn(asyncio.Protocol):
             self.transport.resume_reading()
             self.process()
 
+    def _wait_for(self, topic: Topic) -> int:
+        """Hold this connection's commands until ``topic`` knows its channels (nsqd's PUB and
+        SUB wait while GetTopic asks nsqlookupd); the command runs again then."""
+        self.blocked = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        topic.when_loaded(self._topic_loaded)
+        return _BLOCKED
+
+    def _topic_loaded(self) -> None:
+        if self.transport is None or self.closed:
+            return
+        self.blocked = False
+        if not self.nsqd.stalled:
+            self.transport.resume_reading()
+            self.process()
+
     def _peer_common_name(self) -> str:
         """The subject CN of the client's TLS certificate (what nsqd sends as common_name)."""
         if not self.tls or self.transport is None:
@@ -844,6 +885,8 @@ class ClientConn(asyncio.Protocol):
         if not self._check_auth("SUB", topic_name, channel_name):
             return _BLOCKED
         topic = self.nsqd.get_topic(topic_name)
+        if topic.loading:
+            return self._wait_for(topic)
         channel = topic.get_channel(channel_name)
         err = channel.add_client(self)
         if err is not None:
@@ -968,6 +1011,8 @@ class ClientConn(asyncio.Protocol):
             return _BLOCKED
         nsqd = self.nsqd
         topic = nsqd.get_topic(topic_name)
+        if topic.loading:
+            return self._wait_for(topic)
         topic.put(Message(nsqd.guid.new(), bytes(self.buf[end + 4 : after])))
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + 1
         self.write(_OK_FRAME)
@@ -979,6 +1024,8 @@ class ClientConn(asyncio.Protocol):
             return _BLOCKED
         nsqd = self.nsqd
         topic = nsqd.get_topic(topic_name)
+        if topic.loading:
+            return self._wait_for(topic)
         buf = self.buf
         size = self._read_size(end)
         if size is None:
@@ -1049,6 +1096,8 @@ class ClientConn(asyncio.Protocol):
         if not self._check_auth("DPUB", topic_name, ""):
             return _BLOCKED
         topic = self.nsqd.get_topic(topic_name)
+        if topic.loading:
+            return self._wait_for(topic)
         msg = Message(self.nsqd.guid.new(), bytes(self.buf[end + 4 : after]))
         msg.deferred = delay_ns / 1e9
         topic.put(msg)

@@ -16,6 +16,7 @@ import random
 import struct
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..protocol import FRAME_TYPE_MESSAGE
@@ -419,7 +420,8 @@ class Channel:
 
 
 class Topic:
-    """A topic: waiting messages (while it has no channel or is paused) and its channels."""
+    """A topic: waiting messages (while it has no channel, is paused or is still asking
+    nsqlookupd which channels it has) and its channels."""
 
     def __init__(self, nsqd: Broker, name: str):
         self.nsqd = nsqd
@@ -429,13 +431,36 @@ class Topic:
         self.queue: deque[Message] = deque()
         self.paused = False
         self.exiting = False
+        #: True while the node asks nsqlookupd for this topic's channels: messages wait in the
+        #: topic until then, so that every channel gets them (nsqd starts the topic's pump late)
+        self.loading = False
+        self._loaded_callbacks: list[Callable[[], None]] = []
         self.message_count = 0
         self.message_bytes = 0
+
+    def when_loaded(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the loop) once :attr:`loading` is over."""
+        if self.loading:
+            self._loaded_callbacks.append(callback)
+        else:
+            self.nsqd.loop.call_soon(callback)
+
+    def finish_loading(self, channel_names: list[str]) -> None:
+        """Create the channels nsqlookupd knows (not ephemeral ones), then let messages flow."""
+        if not self.exiting:
+            for name in channel_names:
+                if not name.endswith("#ephemeral"):
+                    self.get_channel(name)
+        self.loading = False
+        self.drain()
+        callbacks, self._loaded_callbacks = self._loaded_callbacks, []
+        for callback in callbacks:
+            callback()
 
     def put(self, msg: Message) -> None:
         self.message_count += 1
         self.message_bytes += len(msg.body)
-        if self.channels and not self.paused:
+        if self.channels and not self.paused and not self.loading:
             self._distribute(msg)
         else:
             self.queue.append(msg)
@@ -445,7 +470,7 @@ class Topic:
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         channels = self.channels
-        if not channels or self.paused:
+        if not channels or self.paused or self.loading:
             self.queue.extend(msgs)
         elif len(channels) == 1 and not any(m.deferred for m in msgs):
             channel = next(iter(channels.values()))
@@ -469,7 +494,7 @@ class Topic:
 
     def drain(self) -> None:
         """Move waiting messages into the channels (after a channel appears or an unpause)."""
-        while self.queue and self.channels and not self.paused:
+        while self.queue and self.channels and not self.paused and not self.loading:
             self._distribute(self.queue.popleft())
 
     def get_channel(self, name: str) -> Channel:

@@ -63,7 +63,7 @@ _DURATION_OPTIONS = frozenset(
     }
 )
 # Options understood by the embedded NSQ only; the real runner ignores them.
-_EMBEDDED_ONLY_OPTIONS = frozenset({"lookupd_legacy_json"})
+_EMBEDDED_ONLY_OPTIONS = frozenset({"lookupd_legacy_json", "split_writes", "split_writes_seed"})
 # Options the runner sets itself.
 _RESERVED_OPTIONS = frozenset(
     {

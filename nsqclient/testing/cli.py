@@ -1,0 +1,568 @@
+"""The embedded servers as stand-ins for the real binaries: ``nsqclient-nsqd`` and
+``nsqclient-nsqlookupd`` (also ``python -m nsqclient.testing nsqd ...`` / ``... nsqlookupd ...``).
+
+Each takes the real binary's flags with their meanings and units, in Go's flag syntax: ``-flag``
+or ``--flag``, ``-flag=value`` or ``-flag value`` (booleans only as ``-flag`` or
+``-flag=false``), durations as Go writes them (``60s``, ``1m30s``, ``250ms``), repeatable flags
+given several times.  A flag the embedded server does not implement is refused with exit status
+2, never ignored; ``-help`` lists every flag it does implement.  SIGINT or SIGTERM stops the
+server cleanly (exit status 0), saving its data path if it has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn, TextIO
+
+from .gostyle import VERSION
+from .lookupd import Lookupd
+from .nsqd import NSQD
+from .options import NSQDOptions
+
+__all__ = [
+    "nsqd_main",
+    "nsqlookupd_main",
+    "parse_go_flags",
+    "FlagError",
+    "NSQD_FLAGS",
+    "NSQLOOKUPD_FLAGS",
+    "go_duration_seconds",
+]
+
+log = logging.getLogger("nsqclient.testing.cli")
+
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
+
+
+class FlagError(ValueError):
+    """A command line Go's flag package would refuse (exit status 2)."""
+
+
+def go_duration_seconds(text: str) -> float:
+    """Seconds in a Go duration string (``time.ParseDuration``: ``1h2m3.5s``, ``250ms``, ``0``)."""
+    s = text
+    sign = 1.0
+    if s[:1] in "+-" and s:
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError(f"invalid duration {text!r}")
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None:
+            raise ValueError(f"invalid duration {text!r} (a number and a unit: ns us ms s m h)")
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    return sign * total
+
+
+def _go_bool(text: str) -> bool:
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise ValueError(f"invalid boolean {text!r}")
+
+
+def _go_int(text: str) -> int:
+    return int(text, 0)  # strconv.ParseInt(text, 0, 64): 0x.., 0o.., 0b.. prefixes
+
+
+def _tls_required(text: str) -> int:
+    if text == "tcp-https":
+        return 1
+    return 2 if _go_bool(text) else 0
+
+
+def _log_level(text: str) -> str:
+    if text.lower() not in _LOG_LEVELS:
+        raise ValueError(f"invalid log level {text!r} (debug, info, warn, error or fatal)")
+    return text.lower()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag: its name, how its value parses, its default and its meaning."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    is_bool: bool = False
+    repeated: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+
+def _b(name: str, default: bool, text: str) -> Flag:
+    return Flag(name, _go_bool, default, text, is_bool=True)
+
+
+NSQD_FLAGS: list[Flag] = [
+    _b("version", False, "print version string"),
+    Flag("log-level", _log_level, "info", "log verbosity: debug, info, warn, error or fatal"),
+    Flag("log-prefix", str, "[nsqd] ", "log message prefix"),
+    _b("verbose", False, "[deprecated] has no effect, use --log-level (as in nsqd)"),
+    Flag("node-id", _go_int, None, "unique part for message IDs, integer in [0,1024)"),
+    Flag("tcp-address", str, "0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients"),
+    Flag("http-address", str, "0.0.0.0:4151", "<addr>:<port> to listen on for HTTP clients"),
+    Flag(
+        "https-address",
+        str,
+        "0.0.0.0:4152",
+        "<addr>:<port> to listen on for HTTPS clients (with --tls-cert; empty: none)",
+    ),
+    Flag(
+        "broadcast-address",
+        str,
+        None,
+        "address registered with nsqlookupd (default: the OS hostname)",
+    ),
+    Flag(
+        "lookupd-tcp-address",
+        str,
+        [],
+        "nsqlookupd TCP <addr>:<port> to register with (may be given multiple times)",
+        repeated=True,
+    ),
+    Flag(
+        "auth-http-address",
+        str,
+        [],
+        "<addr>:<port> or full URL of an auth server to ask on AUTH (may be given multiple "
+        "times); clients must AUTH before SUB/PUB",
+        repeated=True,
+    ),
+    Flag(
+        "http-client-connect-timeout",
+        go_duration_seconds,
+        2.0,
+        "duration: timeout for connecting to auth servers and nsqlookupd's HTTP API",
+    ),
+    Flag(
+        "http-client-request-timeout",
+        go_duration_seconds,
+        5.0,
+        "duration: timeout for a request to auth servers and nsqlookupd's HTTP API",
+    ),
+    Flag(
+        "data-path",
+        str,
+        None,
+        "directory keeping topics, channels (and pause flags) and queued messages across "
+        "restarts (default: memory only)",
+    ),
+    Flag(
+        "mem-queue-size",
+        _go_int,
+        10000,
+        "messages (per topic/channel) counted as in memory; the rest show as backend_depth",
+    ),
+    Flag(
+        "msg-timeout",
+        go_duration_seconds,
+        60.0,
+        "duration before an unanswered message is requeued",
+    ),
+    Flag(
+        "max-msg-timeout",
+        go_duration_seconds,
+        900.0,
+        "duration: the longest msg timeout a client may ask for",
+    ),
+    Flag("max-msg-size", _go_int, 1048576, "bytes: the largest single message"),
+    Flag("max-req-timeout", go_duration_seconds, 3600.0, "duration: the longest REQ/DPUB delay"),
+    Flag(
+        "max-body-size", _go_int, 5242880, "bytes: the largest command body (MPUB, IDENTIFY, AUTH)"
+    ),
+    Flag(
+        "max-heartbeat-interval",
+        go_duration_seconds,
+        60.0,
+        "duration: the longest heartbeat interval a client may ask for",
+    ),
+    Flag("max-rdy-count", _go_int, 2500, "messages: the largest RDY a client may send"),
+    Flag(
+        "max-output-buffer-size",
+        _go_int,
+        65536,
+        "bytes: the largest output buffer a client may ask for",
+    ),
+    Flag(
+        "max-output-buffer-timeout",
+        go_duration_seconds,
+        30.0,
+        "duration: the longest output buffer timeout a client may ask for",
+    ),
+    Flag(
+        "min-output-buffer-timeout",
+        go_duration_seconds,
+        0.025,
+        "duration: the shortest output buffer timeout a client may ask for",
+    ),
+    Flag(
+        "output-buffer-timeout",
+        go_duration_seconds,
+        0.25,
+        "duration: the default output buffer timeout (reported in IDENTIFY)",
+    ),
+    Flag(
+        "max-channel-consumers",
+        _go_int,
+        0,
+        "consumer connections per channel (0: unlimited)",
+    ),
+    Flag("tls-cert", str, None, "path to the server certificate file (PEM)"),
+    Flag("tls-key", str, None, "path to the server key file (PEM)"),
+    Flag(
+        "tls-client-auth-policy",
+        str,
+        "",
+        "client certificate policy: 'require' or 'require-verify' (implies --tls-required)",
+    ),
+    Flag("tls-root-ca-file", str, None, "path to the CA file client certificates verify against"),
+    Flag(
+        "tls-required",
+        _tls_required,
+        0,
+        "require TLS for client connections: true, false or tcp-https",
+        is_bool=True,
+    ),
+    Flag(
+        "tls-min-version",
+        str,
+        None,
+        "minimum TLS version: ssl3.0, tls1.0, tls1.1, tls1.2 or tls1.3",
+    ),
+    _b("deflate", True, "enable deflate feature negotiation (client compression)"),
+    Flag("max-deflate-level", _go_int, 6, "the highest deflate level a client may ask for (1-9)"),
+    _b("snappy", True, "enable snappy feature negotiation (client compression)"),
+]
+
+NSQLOOKUPD_FLAGS: list[Flag] = [
+    _b("version", False, "print version string"),
+    Flag("log-level", _log_level, "info", "log verbosity: debug, info, warn, error or fatal"),
+    Flag("log-prefix", str, "[nsqlookupd] ", "log message prefix"),
+    _b("verbose", False, "[deprecated] has no effect, use --log-level (as in nsqlookupd)"),
+    Flag("tcp-address", str, "0.0.0.0:4160", "<addr>:<port> to listen on for nsqd registrations"),
+    Flag("http-address", str, "0.0.0.0:4161", "<addr>:<port> to listen on for HTTP clients"),
+    Flag(
+        "broadcast-address",
+        str,
+        None,
+        "address of this nsqlookupd, told to nsqd nodes (default: the OS hostname)",
+    ),
+    Flag(
+        "inactive-producer-timeout",
+        go_duration_seconds,
+        300.0,
+        "duration an nsqd stays in /lookup answers after its last ping",
+    ),
+    Flag(
+        "tombstone-lifetime",
+        go_duration_seconds,
+        45.0,
+        "duration an nsqd stays tombstoned for a topic",
+    ),
+]
+
+
+def parse_go_flags(flags: list[Flag], argv: list[str]) -> dict[str, Any]:
+    """Values (by ``Flag.dest``) for ``argv`` parsed the way Go's flag package does.
+
+    Raises FlagError for an unknown flag, a missing or bad value, or a positional argument;
+    returns ``{"help": True}`` for ``-h``/``-help``.
+    """
+    by_name = {f.name: f for f in flags}
+    values: dict[str, Any] = {f.dest: (list(f.default) if f.repeated else f.default) for f in flags}
+    given: set[str] = set()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--":
+            if i < len(argv):
+                raise FlagError(f"unexpected argument {argv[i]!r}")
+            break
+        if len(arg) < 2 or arg[0] != "-":
+            raise FlagError(f"unexpected argument {arg!r} (flags only)")
+        name = arg[2:] if arg.startswith("--") else arg[1:]
+        if not name or name[0] in "-=":
+            raise FlagError(f"bad flag syntax: {arg}")
+        value: str | None = None
+        if "=" in name:
+            name, value = name.split("=", 1)
+        if name in ("h", "help"):
+            return {"help": True}
+        flag = by_name.get(name)
+        if flag is None:
+            raise FlagError(
+                f"flag provided but not defined: -{name} (the embedded server does not "
+                "implement it; see -help)"
+            )
+        if value is None:
+            if flag.is_bool:
+                value = "true"
+            elif i < len(argv):
+                value = argv[i]
+                i += 1
+            else:
+                raise FlagError(f"flag needs an argument: -{name}")
+        try:
+            parsed = flag.parse(value)
+        except ValueError as exc:
+            raise FlagError(f"invalid value {value!r} for flag -{name}: {exc}") from exc
+        if flag.repeated:
+            values[flag.dest].append(parsed)
+        else:
+            values[flag.dest] = parsed
+        given.add(flag.dest)
+    values["_given"] = given
+    return values
+
+
+def usage(prog: str, flags: list[Flag], out: TextIO) -> None:
+    """Write the flag list (name, default, meaning with its unit) to ``out``."""
+    out.write(f"Usage of {prog} (embedded, nsqclient.testing; the real binary's flags):\n")
+    for f in flags:
+        kind = "" if f.is_bool else " value"
+        default = f.default
+        if f.repeated:
+            shown = ""
+        elif isinstance(default, float):
+            shown = f" (default {_duration_text(default)})"
+        elif default not in (None, "", False, []):
+            shown = (
+                f" (default {default!r})" if isinstance(default, str) else f" (default {default})"
+            )
+        else:
+            shown = ""
+        out.write(f"  -{f.name}{kind}\n        {f.help}{shown}\n")
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds and seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 3600:g}h" if seconds % 3600 == 0 else f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
+
+
+def _split_address(flag: str, address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise FlagError(f"invalid value {address!r} for flag -{flag}: want <addr>:<port>")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _setup_logging(level: str, prefix: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(prefix.replace("%", "%%") + "%(asctime)s %(levelname)s: %(message)s")
+    )
+    root = logging.getLogger("nsqclient.testing")
+    root.handlers[:] = [handler]
+    root.setLevel(_LOG_LEVELS[level])
+    root.propagate = False
+
+
+def _fail(prog: str, flags: list[Flag], message: str) -> NoReturn:
+    sys.stderr.write(f"{prog}: {message}\n")
+    sys.stderr.write(f"run '{prog} -help' for the flags the embedded server implements\n")
+    raise SystemExit(2)
+
+
+def _parse(prog: str, flags: list[Flag], argv: list[str]) -> dict[str, Any]:
+    try:
+        values = parse_go_flags(flags, argv)
+    except FlagError as exc:
+        _fail(prog, flags, str(exc))
+    if values.get("help"):
+        usage(prog, flags, sys.stdout)
+        raise SystemExit(0)
+    if values["version"]:
+        sys.stdout.write(f"{prog} v{VERSION} (embedded, nsqclient.testing)\n")
+        raise SystemExit(0)
+    return values
+
+
+async def _serve(start: Callable[[], Any], stop: Callable[[], Any]) -> None:
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, done.set)
+    await start()
+    try:
+        await done.wait()
+        log.info("signal received; exiting")
+    finally:
+        await stop()
+
+
+def nsqd_options(
+    values: dict[str, Any],
+) -> tuple[NSQDOptions, tuple[str, int], tuple[str, int], tuple[str, int] | None]:
+    """NSQDOptions and the (host, port) of the TCP, HTTP and HTTPS listeners (None: no HTTPS
+    listener) for parsed nsqd flags."""
+    tcp = _split_address("tcp-address", values["tcp_address"])
+    http = _split_address("http-address", values["http_address"])
+    https = (
+        _split_address("https-address", values["https_address"])
+        if values["https_address"]
+        else None
+    )
+    for address in values["lookupd_tcp_address"]:
+        _split_address("lookupd-tcp-address", address)
+    node_id = values["node_id"]
+    if node_id is not None and not 0 <= node_id < 1024:
+        raise FlagError(f"--node-id must be [0,1024), got {node_id}")
+    kwargs: dict[str, Any] = {
+        "node_id": node_id,
+        "broadcast_address": values["broadcast_address"] or socket.gethostname(),
+        "lookupd_tcp_addresses": list(values["lookupd_tcp_address"]),
+        "auth_http_address": list(values["auth_http_address"]),
+        "data_path": values["data_path"],
+    }
+    for name in (
+        "http_client_connect_timeout",
+        "http_client_request_timeout",
+        "mem_queue_size",
+        "msg_timeout",
+        "max_msg_timeout",
+        "max_msg_size",
+        "max_req_timeout",
+        "max_body_size",
+        "max_heartbeat_interval",
+        "max_rdy_count",
+        "max_output_buffer_size",
+        "max_output_buffer_timeout",
+        "min_output_buffer_timeout",
+        "output_buffer_timeout",
+        "max_channel_consumers",
+        "tls_cert",
+        "tls_key",
+        "tls_client_auth_policy",
+        "tls_root_ca_file",
+        "tls_required",
+        "tls_min_version",
+        "deflate",
+        "max_deflate_level",
+        "snappy",
+    ):
+        kwargs[name] = values[name]
+    if kwargs["tls_client_auth_policy"] not in ("", "require", "require-verify"):
+        raise FlagError(
+            "--tls-client-auth-policy must be 'require' or 'require-verify', "
+            f"got {kwargs['tls_client_auth_policy']!r}"
+        )
+    try:
+        opts = NSQDOptions.from_kwargs(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise FlagError(str(exc)) from exc
+    return opts, tcp, http, https
+
+
+def nsqd_main(argv: list[str] | None = None, prog: str = "nsqclient-nsqd") -> int:
+    """Run an embedded nsqd with nsqd's flags until SIGINT/SIGTERM; return the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    values = _parse(prog, NSQD_FLAGS, argv)
+    try:
+        opts, (tcp_host, tcp_port), (http_host, http_port), https = nsqd_options(values)
+    except FlagError as exc:
+        _fail(prog, NSQD_FLAGS, str(exc))
+    _setup_logging(values["log_level"], values["log_prefix"])
+    holder: dict[str, NSQD] = {}
+
+    async def start() -> None:
+        node = NSQD(
+            asyncio.get_running_loop(),
+            opts,
+            host=tcp_host,
+            tcp_port=tcp_port,
+            http_port=http_port,
+            http_host=http_host,
+            https_host=https[0] if https else None,
+            https_port=https[1] if https else None,
+        )
+        holder["node"] = node
+        await node.start()
+
+    async def stop() -> None:
+        if "node" in holder:
+            await holder["node"].stop()
+
+    return _run(prog, start, stop)
+
+
+def nsqlookupd_main(argv: list[str] | None = None, prog: str = "nsqclient-nsqlookupd") -> int:
+    """Run an embedded nsqlookupd with nsqlookupd's flags until SIGINT/SIGTERM."""
+    argv = sys.argv[1:] if argv is None else argv
+    values = _parse(prog, NSQLOOKUPD_FLAGS, argv)
+    try:
+        tcp_host, tcp_port = _split_address("tcp-address", values["tcp_address"])
+        http_host, http_port = _split_address("http-address", values["http_address"])
+    except FlagError as exc:
+        _fail(prog, NSQLOOKUPD_FLAGS, str(exc))
+    _setup_logging(values["log_level"], values["log_prefix"])
+    holder: dict[str, Lookupd] = {}
+
+    async def start() -> None:
+        lookupd = Lookupd(
+            asyncio.get_running_loop(),
+            host=tcp_host,
+            tcp_port=tcp_port,
+            http_port=http_port,
+            http_host=http_host,
+            broadcast_address=values["broadcast_address"] or socket.gethostname(),
+            inactive_producer_timeout=values["inactive_producer_timeout"],
+            tombstone_lifetime=values["tombstone_lifetime"],
+        )
+        holder["lookupd"] = lookupd
+        await lookupd.start()
+
+    async def stop() -> None:
+        if "lookupd" in holder:
+            await holder["lookupd"].stop()
+
+    return _run(prog, start, stop)
+
+
+def _run(prog: str, start: Callable[[], Any], stop: Callable[[], Any]) -> int:
+    try:
+        asyncio.run(_serve(start, stop))
+    except OSError as exc:  # e.g. the address is in use
+        log.critical("%s: %s", prog, exc)
+        return 1
+    return 0
