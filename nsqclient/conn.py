@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import queue
+import select
 import socket
 import threading
 import time
@@ -99,7 +100,7 @@ class Waiter:
     waiting for it).  The first ``set_*`` wins; later ones are ignored.
     """
 
-    __slots__ = ("_lock", "_result", "_exception", "_done")
+    __slots__ = ("_lock", "_result", "_exception", "_done", "conn", "reading")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -107,6 +108,10 @@ class Waiter:
         self._result: Any = None
         self._exception: BaseException | None = None
         self._done = False
+        #: the connection the request went to (set by whoever sends it), for read_until()
+        self.conn: Connection | None = None
+        #: True while its caller holds that connection's reading (see Connection.read_until)
+        self.reading = False
 
     def done(self) -> bool:
         return self._done
@@ -260,7 +265,13 @@ class Connection:
         delegate: receives messages, unsolicited errors and the close event.
     """
 
-    def __init__(self, address: str, config: Config | None = None, delegate: Any = None):
+    def __init__(
+        self,
+        address: str,
+        config: Config | None = None,
+        delegate: Any = None,
+        caller_reads: bool = False,
+    ):
         self.host, self.port = parse_address(address)
         self.address = f"{self.host}:{self.port}"
         self.config = config or Config()
@@ -295,6 +306,14 @@ class Connection:
         self._sock: socket.socket | None = None
         self._reader: threading.Thread | None = None
         self._writer: threading.Thread | None = None
+        #: a blocking requester may read its own answer (see read_until); plain transports only
+        self._caller_reads = caller_reads
+        # Held by whichever thread reads the socket, in caller-reads mode (see _poll_read_loop).
+        self._read_lock = threading.Lock()
+        self._frames = FrameReader(self.config.max_frame_size, peer=self.address)
+        self._last_read = 0.0
+        self._read_error: BaseException | None = None
+        self._epoll: Any = None  # the reader's select.epoll, in caller-reads mode
 
     def __repr__(self) -> str:
         return f"<Connection {self.address} {self.state.value}>"
@@ -408,8 +427,16 @@ class Connection:
             if watchdog is not None:
                 watchdog.join()
         self._set_state(ConnectionState.CONNECTED)
+        assert self._transport is not None
+        self._caller_reads = self._caller_reads and self._transport.plain
+        if self._caller_reads:
+            self._epoll = select.epoll()
+            self._epoll.register(self._transport.fileno(), select.EPOLLIN | select.EPOLLPRI)
+        self._last_read = time.monotonic()
         self._reader = threading.Thread(
-            target=self._read_loop, name=f"nsq-reader-{self.address}", daemon=True
+            target=self._poll_read_loop if self._caller_reads else self._read_loop,
+            name=f"nsq-reader-{self.address}",
+            daemon=True,
         )
         self._writer = threading.Thread(
             target=self._write_loop, name=f"nsq-writer-{self.address}", daemon=True
@@ -598,6 +625,10 @@ class Connection:
             if not direct:
                 self._queue.put(command)
         if direct:
+            if self._caller_reads and type(future) is Waiter:
+                # Its caller will wait for this answer: claim the reading before writing, so
+                # that the reader thread is not woken for it (see read_until).
+                future.reading = self._claim_reading()
             try:
                 self._transport.sendall(command)  # type: ignore[union-attr]
             except (OSError, NSQError, ValueError) as exc:
@@ -674,9 +705,7 @@ class Connection:
     def _read_loop(self) -> None:
         transport = self._transport
         assert transport is not None
-        frames = FrameReader(self.config.max_frame_size, peer=self.address)
         reason: BaseException | None = None
-        message_type = protocol.FRAME_TYPE_MESSAGE
         try:
             while True:
                 data = transport.recv(262144)
@@ -684,19 +713,9 @@ class Connection:
                     if self.state is not ConnectionState.CLOSING:
                         reason = ConnectionClosedError(f"{self.address} closed the connection")
                     break
-                messages = []
-                for frame in frames.feed(data):
-                    if frame[0] == message_type:
-                        messages.append(frame[1])
-                    else:
-                        self._dispatch(frame)
-                if messages:
-                    self._deliver(messages)
+                self._process(data)
         except TimeoutError:
-            reason = NSQTimeoutError(
-                f"no data from {self.address} for {self._read_deadline():.1f}s "
-                "(heartbeats missed); closing"
-            )
+            reason = self._silence_error()
         except (OSError, NSQError, ValueError) as exc:
             if self.state is not ConnectionState.CLOSING:
                 reason = exc
@@ -706,6 +725,115 @@ class Connection:
         finally:
             # What nsqd said beats a failed write, which beats what the reader saw last.
             self._finish_close(self._fatal_error or self._write_error or reason)
+
+    def _poll_read_loop(self) -> None:
+        """The reader in caller-reads mode: wait for data without holding the read lock, so
+        that a blocking requester may take the lock and read its own answer (one thread
+        hand-off less per blocking publish); read only what is waiting, under the lock."""
+        transport = self._transport
+        assert transport is not None
+        poller = self._epoll
+        silence = self._read_deadline()
+        reason: BaseException | None = None
+        try:
+            while True:
+                wait = self._last_read + silence - time.monotonic()
+                if wait <= 0:
+                    raise TimeoutError
+                if not poller.poll(wait):
+                    continue  # a requester may have read meanwhile: recompute the silence
+                with self._read_lock:
+                    data = transport.recv_nowait(262144)
+                    if data is None:
+                        continue  # a requester read it
+                    if not data:
+                        if self.state is not ConnectionState.CLOSING:
+                            reason = self._read_error or ConnectionClosedError(
+                                f"{self.address} closed the connection"
+                            )
+                        break
+                    self._last_read = time.monotonic()
+                    self._process(data)
+        except TimeoutError:
+            reason = self._silence_error()
+        except (OSError, NSQError, ValueError) as exc:
+            if self.state is not ConnectionState.CLOSING:
+                reason = exc
+        except Exception as exc:  # a delegate bug must not leave futures hanging
+            logger.exception("unexpected error on the reader of %s", self.address)
+            reason = exc
+        finally:
+            self._finish_close(self._fatal_error or self._write_error or reason)
+            poller.close()
+
+    def read_until(self, future: Future | Waiter, deadline: float) -> None:
+        """Caller-reads mode: read and handle what nsqd sends in the calling thread until
+        ``future`` is done, ``deadline`` (``time.monotonic()``) passes, or the stream fails,
+        when the reading is this caller's (claimed by :meth:`request` for a :class:`Waiter`)
+        or free; otherwise return at once.  Either way the caller then waits on ``future`` as
+        usual: the reader thread handles whatever this left.  A caller whose Waiter holds the
+        reading must call this (a past ``deadline`` just gives it back)."""
+        if type(future) is Waiter and future.reading:
+            future.reading = False
+        elif not self._caller_reads or not self._claim_reading():
+            return
+        transport = self._transport
+        assert transport is not None
+        try:
+            while not future.done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                data = transport.recv_within(262144, remaining)
+                if not data:
+                    return  # end of stream: the reader thread sees it too and closes
+                self._last_read = time.monotonic()
+                self._process(data)
+        except TimeoutError:
+            return
+        except Exception as exc:
+            # The stream is unusable; let the reader thread close with this reason.
+            self._read_error = exc
+            transport.shutdown()
+        finally:
+            self._end_reading()
+
+    def _claim_reading(self) -> bool:
+        """Take the reading from the reader thread (which then sleeps through what arrives)
+        if no thread is reading; False otherwise."""
+        if not self._read_lock.acquire(blocking=False):
+            return False
+        try:
+            self._epoll.modify(self._transport.fileno(), 0)  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            self._read_lock.release()
+            return False  # closing
+        return True
+
+    def _end_reading(self) -> None:
+        try:
+            self._epoll.modify(self._transport.fileno(), select.EPOLLIN | select.EPOLLPRI)  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass  # closed meanwhile: the reader thread has gone or is going
+        self._read_lock.release()
+
+    def _silence_error(self) -> NSQTimeoutError:
+        return NSQTimeoutError(
+            f"no data from {self.address} for {self._read_deadline():.1f}s "
+            "(heartbeats missed); closing"
+        )
+
+    def _process(self, data: bytes) -> None:
+        """Handle one read's bytes: responses and errors in order, messages all together."""
+        messages = []
+        message_type = protocol.FRAME_TYPE_MESSAGE
+        for frame in self._frames.feed(data):
+            if frame[0] == message_type:
+                messages.append(frame[1])
+            else:
+                self._dispatch(frame)
+        if messages:
+            self._deliver(messages)
 
     def _deliver(self, payloads: list[bytes]) -> None:
         """Decode the message frames of one read and hand them to the delegate: all at once

@@ -317,6 +317,9 @@ class Producer:
                 if time.monotonic() >= deadline:
                     raise NSQTimeoutError(f"no nsqd connection within {timeout}s: {exc}") from exc
                 raise
+            conn = future.conn
+            if conn is not None:
+                conn.read_until(future, deadline)  # read our own answer when nobody else is
             try:
                 return future.result(max(deadline - time.monotonic(), 0.0))
             except TimeoutError as exc:
@@ -363,6 +366,8 @@ class Producer:
             if _not_processed(future):
                 # It closed just now, before nsqd took the command: nothing was stored.
                 # One fresh connection to the same nsqd, then the next address.
+                if isinstance(future, Waiter):
+                    conn.read_until(future, 0.0)  # gives back a reading it claimed
                 conn = self._connection(slot, deadline)
                 if conn is not None:
                     future = conn.request(command, make_future(), count)
@@ -371,6 +376,8 @@ class Producer:
                     continue
             if isinstance(future, Future):
                 future.nsqd_address = slot.address  # type: ignore[attr-defined]
+            else:
+                future.conn = conn
             return future
         raise ConnectionClosedError(
             "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
@@ -399,7 +406,7 @@ class Producer:
         if conn is not None:
             slot.retire(conn)
             slot.conn = None
-        conn = Connection(slot.address, self.config)
+        conn = Connection(slot.address, self.config, caller_reads=True)
         try:
             conn.connect(deadline)
         except (OSError, NSQError) as exc:

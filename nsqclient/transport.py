@@ -41,12 +41,14 @@ after a ``TimeoutError`` in :meth:`recv` it can be called again (nothing read is
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import ssl
 import threading
 import time
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import snappy
 
@@ -101,6 +103,10 @@ class Transport:
         self._compression: str | None = None
         self._compress: Callable[[bytes], bytes] | None = None
         self._decompress: Callable[[bytes], bytes] | None = None
+        # A duplicate of the socket in non-blocking mode, for recv_nowait() (made on first use),
+        # and a poll object on it for recv_within().
+        self._nsock: socket.socket | None = None
+        self._npoll: Any = None  # select.poll, whose type typeshed does not name
 
     # ----------------------------------------------------------------------------------------
     # Introspection
@@ -184,7 +190,7 @@ class Transport:
             return
         self._closed = True
         self._output_callback = None
-        for sock in {self._sock, self._wsock}:
+        for sock in {self._sock, self._wsock, self._nsock or self._sock}:
             try:
                 sock.close()
             except OSError:  # pragma: no cover - close() on a socket practically never fails
@@ -193,9 +199,63 @@ class Transport:
     # ----------------------------------------------------------------------------------------
     # Reading
 
+    @property
+    def plain(self) -> bool:
+        """True while no TLS or compression layer is installed: reads are plain socket reads,
+        which :meth:`recv_nowait` and :meth:`recv_within` need."""
+        return self._sslobj is None and self._decompress is None
+
+    def fileno(self) -> int:
+        """The socket's file descriptor (to poll for readability)."""
+        return self._sock.fileno()
+
+    def recv_nowait(self, max_bytes: int = 65536) -> bytes | None:
+        """Plain transports only: up to ``max_bytes`` bytes already waiting, ``b""`` at end of
+        stream, or None when nothing is waiting.  Never blocks."""
+        if self._rpos < len(self._rbuf):
+            return self._take(max_bytes)
+        nsock = self._nsock
+        if nsock is None:
+            nsock = self._nonblocking_socket()
+        try:
+            data = nsock.recv(max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError:
+            if self._shut_down:
+                return b""
+            raise
+        self.bytes_in += len(data)
+        return data
+
+    def recv_within(self, max_bytes: int, timeout: float) -> bytes:
+        """Plain transports only: like :meth:`recv`, but waiting at most ``timeout`` seconds
+        (``TimeoutError`` then) instead of the read timeout.  The caller must be the only
+        reader while it runs."""
+        if self._rpos < len(self._rbuf):
+            return self._take(max_bytes)
+        if self._nsock is None:
+            self._nonblocking_socket()
+        deadline = time.monotonic() + timeout
+        while True:
+            # Poll first: a requester reads right after sending, before the answer is in.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._npoll.poll(min(remaining, 3600.0) * 1000):
+                raise TimeoutError(f"no data within {timeout:g} s")
+            data = self.recv_nowait(max_bytes)
+            if data is not None:
+                return data
+
+    def _nonblocking_socket(self) -> socket.socket:
+        nsock = self._sock.dup()
+        nsock.settimeout(0.0)
+        self._npoll = select.poll()
+        self._npoll.register(nsock.fileno(), select.POLLIN | select.POLLPRI)
+        self._nsock = nsock
+        return nsock
+
     def push_back(self, data: bytes) -> None:
         """Give back bytes returned by :meth:`recv` that the caller did not consume.
-
         The next :meth:`recv` returns them first.  If a compression upgrade is made before that,
         they are decoded by the new layer instead: use this when a greedy read during the
         handshake returned the bytes that follow the last uncompressed frame.
@@ -362,6 +422,19 @@ class Transport:
 
     def _send_raw(self, data: bytes) -> None:
         wsock = self._wsock
+        nsock = self._nsock
+        if nsock is not None:
+            # One non-blocking attempt first: it nearly always takes everything, and spares
+            # the poll() a socket in timeout mode makes before each send.
+            try:
+                sent = nsock.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                self.bytes_out += sent
+                return
+            self.bytes_out += sent
+            data = data[sent:]
         try:
             wsock.sendall(data)
         except TimeoutError as exc:
