@@ -112,7 +112,8 @@ class Consumer:
         giving_up: ``giving_up(message)`` called (on a worker) for a message whose attempts
             exceed ``max_tries``, before it is FINished; the default logs a warning.
         on_connect, on_disconnect: ``hook(address)`` / ``hook(address, reason)``, run on the
-            discovery thread when a connection is made or lost.
+            consumer's own threads (that address's connect thread, the discovery thread; never
+            a connection's reader or writer) when a connection is made or lost.
         **options: :class:`~nsqclient.config.Config` options: ``max_in_flight``,
             ``concurrency``, ``max_tries``, ``default_requeue_delay``, ``max_backoff_duration``,
             ``lookupd_poll_interval``, ``msg_timeout``, TLS/compression/auth... (seconds).
@@ -182,6 +183,8 @@ class Consumer:
         self._stop_lock = threading.Lock()
         self._idle = threading.Event()
         self._started = False
+        #: set once start() has started every thread (a hook may call stop() before that)
+        self._all_started = threading.Event()
         self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
         #: per worker: is it running a handler (each slot written only by its worker)
@@ -232,6 +235,7 @@ class Consumer:
         ]
         for t in self._workers + self._threads:
             t.start()
+        self._all_started.set()
 
     def run(self) -> None:
         """Start, then block until SIGINT/SIGTERM (when called from the main thread) or
@@ -297,6 +301,8 @@ class Consumer:
 
     def _stop(self, deadline: float) -> None:
         current = threading.current_thread()
+        if self._started:
+            self._all_started.wait(max(deadline - time.monotonic(), 0.1))
         self._discovery_wake.set()
         self._rdy_wake.set()
         with self._lock:

@@ -227,3 +227,41 @@ def test_a_second_sigint_requeues_everything_and_exits_without_a_traceback(nsqd)
     assert "run returned" in out
     stats = wait_drained(node, "c_sigint", "ch", depth=10)
     assert stats["requeue_count"] == 10
+
+
+def test_stop_from_a_hook_before_start_has_started_every_thread(nsqd, consumers, monkeypatch):
+    # The connection (and its on_connect hook) may come before start() has started the RDY
+    # thread: stop() from the hook must wait for start() rather than join an unstarted thread.
+    node = nsqd.nsqd
+    hook_called = threading.Event()
+    outcome: list[BaseException | None] = []
+    holder: list[Any] = []
+    original_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("nsq-rdy-"):
+            assert hook_called.wait(TIMEOUT), "the hook never ran"
+        original_start(self)
+
+    def hook(address: str) -> None:
+        hook_called.set()
+        try:
+            holder[0].stop(timeout=TIMEOUT)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    consumer = consumers(
+        "c_early_stop",
+        "ch",
+        lambda m: None,
+        start=False,
+        nsqd_tcp_addresses=node.tcp_address,
+        on_connect=hook,
+    )
+    holder.append(consumer)
+    consumer.start()
+    wait_for(lambda: outcome, TIMEOUT)
+    assert outcome == [None]
+    assert not consumer.is_running
