@@ -124,9 +124,10 @@ def _parse(
         elif low in SPARK_OWN_OPTIONS:
             continue
         else:
-            raise ValueError(
-                f"unknown option {key!r} for the nsq {what}{_hint(low, [*by_lower, *OPTIONS])}"
-            )
+            spelled = {**{name: name for name in OPTIONS}, **by_lower}
+            close = difflib.get_close_matches(low, list(spelled), n=1)
+            hint = f"; did you mean {spelled[close[0]]!r}?" if close else ""
+            raise ValueError(f"unknown option {key!r} for the nsq {what}{hint}")
     try:
         Config(**config)
     except (TypeError, ValueError) as exc:

@@ -16,11 +16,17 @@ Where things run (Spark 4 Python data sources):
   in the checkpoint's commit log) or at ``commit``, whichever comes first.  Until then a
   toucher thread TOUCHes it every half ``msg_timeout``.  When the reader stops, what it still
   holds is requeued (REQ with no delay).
+* Spark 4.3 does not call ``stop()`` when a query stops: it ends the reader's process with
+  SIGTERM.  The reader therefore handles SIGTERM in that process (only where nobody else
+  installed a handler): it requeues what it holds, stops the Consumer, then dies of the signal
+  as Spark meant.  A SIGKILL (or a crash) leaves the messages to nsqd's ``msg_timeout``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 import uuid
@@ -79,6 +85,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Serialises FIN, TOUCH and REQ: a message is never touched after it was answered.
         self._answer_lock = threading.Lock()
         self._available_now = False
+        self._stopped = False
 
     # Only the picklable configuration travels; threads and sockets stay in the driver process.
     def __getstate__(self) -> dict[str, Any]:
@@ -160,7 +167,13 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._finish_through(end)
 
     def stop(self) -> None:
-        """Requeue every message still held and stop the Consumer and the toucher."""
+        """Requeue every message still held and stop the Consumer and the toucher.
+
+        Safe to call twice (Spark's ``stop`` after the SIGTERM handler's)."""
+        with self._start_lock:
+            if self._stopped:
+                return
+            self._stopped = True
         self._stopping.set()
         with self._answer_lock:
             held = self._ledger.release_all()
@@ -194,6 +207,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             consumer.start()
             self._consumer = consumer
+            self._handle_sigterm()
             self._toucher = threading.Thread(
                 target=self._touch_loop,
                 name=f"nsq-spark-toucher-{opts.topic}/{opts.channel}",
@@ -207,6 +221,24 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.session,
                 self._capacity(),
             )
+
+    def _handle_sigterm(self) -> None:
+        """In Spark's reader process (main thread, no handler of anyone else's): on SIGTERM,
+        :meth:`stop`, then die of SIGTERM."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            logger.info("SIGTERM: the query stops; requeueing what the reader holds")
+            try:
+                self.stop()
+            finally:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
 
     def _on_message(self, message: Message) -> None:
         # Runs on a Consumer worker thread: hold the message until Spark commits it.
