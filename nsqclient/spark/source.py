@@ -85,7 +85,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Serialises FIN, TOUCH and REQ: a message is never touched after it was answered.
         self._answer_lock = threading.Lock()
         self._available_now = False
-        self._stopped = False
+        self._stop_claimed = False
+        self._stop_done = threading.Event()
+        self._sigterm_seen = False
 
     # Only the picklable configuration travels; threads and sockets stay in the driver process.
     def __getstate__(self) -> dict[str, Any]:
@@ -169,23 +171,29 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def stop(self) -> None:
         """Requeue every message still held and stop the Consumer and the toucher.
 
-        Safe to call twice (Spark's ``stop`` after the SIGTERM handler's)."""
+        Idempotent; a second caller waits (up to 30 s) for the first one to finish."""
         with self._start_lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        self._stopping.set()
-        with self._answer_lock:
-            held = self._ledger.release_all()
-            for message in held:
-                if not message.has_responded():
-                    message.requeue(delay=0, backoff=False)
-        if held:
-            logger.info("stopping: requeued %d messages not committed by Spark", len(held))
-        if self._consumer is not None:
-            self._consumer.stop(timeout=10.0)
-        if self._toucher is not None:
-            self._toucher.join(5.0)
+            claimed = not self._stop_claimed
+            self._stop_claimed = True
+            self._stopping.set()
+        if not claimed:
+            self._stop_done.wait(30.0)
+            return
+        try:
+            with self._answer_lock:
+                held = self._ledger.release_all()
+                for message in held:
+                    if not message.has_responded():
+                        message.requeue(delay=0, backoff=False)
+            if held:
+                logger.info("stopping: requeued %d messages not committed by Spark", len(held))
+            if self._consumer is not None:
+                # CLS, then close: the REQs queued before are written first.
+                self._consumer.stop(timeout=10.0)
+            if self._toucher is not None:
+                self._toucher.join(5.0)
+        finally:
+            self._stop_done.set()
 
     # ------------------------------------------------------------------ internals
 
@@ -223,20 +231,31 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def _handle_sigterm(self) -> None:
-        """In Spark's reader process (main thread, no handler of anyone else's): on SIGTERM,
-        :meth:`stop`, then die of SIGTERM."""
+        """In Spark's reader process (main thread, where no one else handles SIGTERM): on
+        SIGTERM, :meth:`stop` on a thread of its own, then die of SIGTERM.
+
+        The handler itself only starts that thread: it runs on the main thread between two
+        bytecodes, maybe inside a FIN holding a lock that stopping needs."""
         if threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
 
-        def on_sigterm(signum: int, frame: Any) -> None:
-            logger.info("SIGTERM: the query stops; requeueing what the reader holds")
+        def stop_then_die() -> None:
             try:
                 self.stop()
             finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler below ends the process
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            if self._stop_done.is_set():
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
+                return
+            if not self._sigterm_seen:
+                self._sigterm_seen = True
+                logger.info("SIGTERM: the query stops; requeueing what the reader holds")
+                threading.Thread(target=stop_then_die, name="nsq-spark-stop", daemon=True).start()
 
         signal.signal(signal.SIGTERM, on_sigterm)
 
