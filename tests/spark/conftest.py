@@ -18,9 +18,13 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    """A local[2] SparkSession (UI off, 2 shuffle partitions) with the ``nsq`` format."""
+    """A local[2] SparkSession (UI off, 2 shuffle partitions) with the ``nsq`` format.
+
+    Module-scoped: every test that needs Spark lives in test_spark_stream.py and shares one
+    session (starting one costs ~6 s), and the JVM is gone before the rest of the suite runs
+    (a session-scoped fixture outside a package would keep it until the very end)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
