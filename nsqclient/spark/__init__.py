@@ -1,0 +1,71 @@
+"""NSQ as a PySpark data source: a Structured Streaming source and a (streaming and batch) sink.
+
+Requires Spark >= 4.0 with pyarrow (``pip install nsqclient[spark]``)::
+
+    import nsqclient.spark
+    nsqclient.spark.register(spark)          # registers the format "nsq"
+
+    df = (spark.readStream.format("nsq")
+          .option("topic", "clicks").option("channel", "spark")
+          .option("nsqd_tcp_addresses", "127.0.0.1:4150")
+          .load())                           # body, topic, message_id, timestamp, attempts, ...
+    (df.selectExpr("upper(cast(body as string)) as body")
+       .writeStream.format("nsq").option("topic", "clicks_upper")
+       .option("nsqd_tcp_addresses", "127.0.0.1:4150")
+       .option("checkpointLocation", "/tmp/ckpt").start())
+
+At-least-once: a message is FINished only after Spark has committed the micro-batch that carried
+it.  See docs/spark.rst for the exact guarantee, the options and the failure story.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+
+from .options import SinkOptions, SourceOptions
+from .rows import SCHEMA_DDL
+from .sink import NSQStreamWriter, NSQWriter, body_column
+from .source import NSQInputPartition, NSQStreamReader
+
+__all__ = [
+    "NSQDataSource",
+    "NSQStreamReader",
+    "NSQStreamWriter",
+    "NSQWriter",
+    "NSQInputPartition",
+    "SCHEMA_DDL",
+    "register",
+]
+
+
+class NSQDataSource(DataSource):
+    """The ``nsq`` data source.  Options are strings; see docs/spark.rst for the table."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsq"
+
+    def schema(self) -> str:
+        """The source's rows (see :data:`SCHEMA_DDL`)."""
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
+        """The micro-batch reader (``spark.readStream.format("nsq")``)."""
+        return NSQStreamReader(SourceOptions.parse(self.options))
+
+    def writer(self, schema: Any, overwrite: bool) -> NSQWriter:
+        """The batch writer (``df.write.format("nsq")``); ``overwrite`` means nothing here."""
+        body_column(schema.fieldNames())
+        return NSQWriter(SinkOptions.parse(self.options))
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> NSQStreamWriter:  # noqa: N802
+        """The streaming writer (``df.writeStream.format("nsq")``)."""
+        body_column(schema.fieldNames())
+        return NSQStreamWriter(SinkOptions.parse(self.options))
+
+
+def register(spark: Any) -> None:
+    """Register :class:`NSQDataSource` as the format ``"nsq"`` in the session ``spark``."""
+    spark.dataSource.register(NSQDataSource)

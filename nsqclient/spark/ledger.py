@@ -1,0 +1,175 @@
+"""The driver-side ledger of the source: messages held until Spark has committed them.
+
+Pure bookkeeping, no Spark and no sockets, so that it is tested with plain objects.  Every
+message the source's Consumer receives is appended and numbered in arrival order (1, 2, ...);
+an offset handed to Spark is ``{"session": <this reader's id>, "seq": <last seq included>}``.
+Messages leave the ledger only from the front: when Spark has committed every seq up to some
+``n`` (they are FINished), or all at once when the reader stops (they are requeued).
+
+An offset whose session is not this reader's comes from an earlier run of the query (read from
+the checkpoint after a restart).  Its messages were never FINished by that run, so nsqd gives
+them again to this one: a batch that starts from such an offset starts at the first message held.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+__all__ = ["Ledger", "HeldMessage"]
+
+
+class HeldMessage(Protocol):
+    """What the ledger needs of a message (nsqclient.Message has it)."""
+
+    received_at: float
+    touched_at: float | None
+    nsqd_address: str
+
+
+class Ledger:
+    """Messages held by one reader, numbered in arrival order; thread-safe.
+
+    Args:
+        session: this reader's id, written into every offset it returns.
+        clock: monotonic clock in seconds (injectable for tests).
+    """
+
+    def __init__(self, session: str, clock: Callable[[], float] = time.monotonic):
+        self.session = session
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._held: deque[Any] = deque()
+        self._first_seq = 1  # seq of _held[0] (or of the next message when empty)
+        self._last_arrival: float | None = None
+
+    # ------------------------------------------------------------------ offsets
+
+    def offset(self, seq: int) -> dict[str, Any]:
+        """The offset dict for ``seq`` in this session."""
+        return {"session": self.session, "seq": seq}
+
+    def seq_of(self, offset: Mapping[str, Any] | None) -> int | None:
+        """The seq of ``offset`` if it is one of this session's, else None."""
+        if not isinstance(offset, Mapping) or offset.get("session") != self.session:
+            return None
+        seq = offset.get("seq")
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+    def _low(self, start: Mapping[str, Any] | None) -> int:
+        """The last seq *before* a batch starting at ``start`` (caller holds the lock)."""
+        seq = self.seq_of(start)
+        if seq is None:
+            return self._first_seq - 1
+        return max(seq, self._first_seq - 1)
+
+    # ------------------------------------------------------------------ messages in
+
+    def add(self, message: Any) -> int:
+        """Hold ``message``; return its seq."""
+        with self._cond:
+            self._held.append(message)
+            self._last_arrival = self._clock()
+            self._cond.notify_all()
+            return self._first_seq + len(self._held) - 1
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._held)
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest message held (or of the last one released)."""
+        with self._cond:
+            return self._first_seq + len(self._held) - 1
+
+    # ------------------------------------------------------------------ planning
+
+    def available(self, start: Mapping[str, Any] | None) -> int:
+        """How many held messages come after ``start``."""
+        with self._cond:
+            return self._first_seq + len(self._held) - 1 - self._low(start)
+
+    def latest(self, start: Mapping[str, Any], limit: int | None) -> dict[str, Any]:
+        """The end offset of a batch starting at ``start`` taking at most ``limit`` messages
+        (None: all held); ``start`` itself when nothing is held after it."""
+        with self._cond:
+            low = self._low(start)
+            count = self._first_seq + len(self._held) - 1 - low
+            if limit is not None:
+                count = min(count, limit)
+            if count <= 0:
+                return dict(start)
+            return self.offset(low + count)
+
+    def slice(self, start: Mapping[str, Any] | None, end: Mapping[str, Any]) -> list[Any]:
+        """The messages of the batch ``(start, end]``, in seq order.  Empty when ``end`` is
+        another session's (that run's messages come back from nsqd instead)."""
+        end_seq = self.seq_of(end)
+        if end_seq is None:
+            return []
+        with self._cond:
+            low = self._low(start)
+            first = low + 1 - self._first_seq
+            last = min(end_seq, self._first_seq + len(self._held) - 1) + 1 - self._first_seq
+            return [self._held[i] for i in range(max(first, 0), max(last, 0))]
+
+    def wait_until(
+        self,
+        start: Mapping[str, Any],
+        limit: int | None,
+        capacity: int,
+        idle: float,
+        stop: threading.Event,
+    ) -> None:
+        """Block until ``limit`` messages are held after ``start``, or ``capacity`` messages
+        are held in all (nsqd sends no more until some are answered), or no message arrived for
+        ``idle`` seconds, or ``stop`` is set.  Used by Trigger.AvailableNow."""
+        began = self._clock()
+        with self._cond:
+            while not stop.is_set():
+                count = self._first_seq + len(self._held) - 1 - self._low(start)
+                if limit is not None and count >= limit:
+                    return
+                if len(self._held) >= capacity:
+                    return
+                quiet_since = max(began, self._last_arrival or began)
+                remaining = quiet_since + idle - self._clock()
+                if remaining <= 0:
+                    return
+                self._cond.wait(min(remaining, 0.1))
+
+    # ------------------------------------------------------------------ messages out
+
+    def release_through(self, seq: int) -> list[Any]:
+        """Remove and return every message with a seq <= ``seq`` (Spark committed them)."""
+        out = []
+        with self._cond:
+            while self._held and self._first_seq <= seq:
+                out.append(self._held.popleft())
+                self._first_seq += 1
+        return out
+
+    def release_all(self) -> list[Any]:
+        """Remove and return every message held (the reader stops)."""
+        with self._cond:
+            out = list(self._held)
+            self._first_seq += len(self._held)
+            self._held.clear()
+            self._cond.notify_all()
+        return out
+
+    def due_for_touch(self, now: float, timeouts: Mapping[str, float], default: float) -> list[Any]:
+        """Held messages whose nsqd timer (restarted at delivery and at each TOUCH) has run
+        more than half of its ``msg_timeout`` (per nsqd address, else ``default``) seconds."""
+        with self._cond:
+            held: Iterable[Any] = list(self._held)
+        due = []
+        for message in held:
+            last = max(message.received_at, message.touched_at or 0.0)
+            if now - last >= timeouts.get(message.nsqd_address, default) / 2:
+                due.append(message)
+        return due

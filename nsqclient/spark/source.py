@@ -1,0 +1,304 @@
+"""The streaming source: a driver-side Consumer holds messages until Spark commits them.
+
+Where things run (Spark 4 Python data sources):
+
+* ``latestOffset``, ``partitions``, ``commit`` and ``stop`` run in one long-lived Python
+  process beside the driver, for the whole query.  :class:`NSQStreamReader` starts its
+  :class:`~nsqclient.Consumer` there, lazily, at the first ``latestOffset``: the reader object
+  is also built and pickled elsewhere (to make the executors' ``read``), so ``__init__`` opens
+  nothing.
+* The Consumer's handler takes every message over (``enable_async``) and appends it to a
+  :class:`~nsqclient.spark.ledger.Ledger`.  ``latestOffset`` cuts a batch from what is held;
+  ``partitions`` puts the batch's rows (an Arrow record batch) into the InputPartitions; the
+  executors' ``read`` yields them.  No executor talks to nsqd.
+* A message is FINished on the driver, on the connection it came on, once Spark has committed
+  its batch: at the next ``latestOffset`` (Spark calls it only after it wrote the batch's entry
+  in the checkpoint's commit log) or at ``commit``, whichever comes first.  Until then a
+  toucher thread TOUCHes it every half ``msg_timeout``.  When the reader stops, what it still
+  holds is requeued (REQ with no delay).
+* Spark 4.3 does not call ``stop()`` when a query stops: it ends the reader's process with
+  SIGTERM.  The reader therefore handles SIGTERM in that process (only where nobody else
+  installed a handler): it requeues what it holds, stops the Consumer, then dies of the signal
+  as Spark meant.  A SIGKILL (or a crash) leaves the messages to nsqd's ``msg_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from ..consumer import Consumer
+from ..message import Message
+from .ledger import Ledger
+from .options import SourceOptions
+from .rows import to_record_batch
+
+__all__ = ["NSQStreamReader", "NSQInputPartition"]
+
+logger = logging.getLogger("nsqclient.spark.source")
+
+#: seconds assumed for nsqd's msg_timeout before a connection told us its own
+_DEFAULT_MSG_TIMEOUT = 60.0
+
+
+class NSQInputPartition(InputPartition):
+    """One Spark partition of a micro-batch: its rows, as an Arrow record batch (or None)."""
+
+    def __init__(self, index: int, batch: Any):
+        super().__init__(index)
+        self.batch = batch
+
+    def __repr__(self) -> str:
+        rows = 0 if self.batch is None else self.batch.num_rows
+        return f"NSQInputPartition({self.value}, rows={rows})"
+
+
+class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The micro-batch stream reader of the ``nsq`` data source (see the module docstring).
+
+    Args:
+        options: the parsed source options.
+    """
+
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self.session = uuid.uuid4().hex
+        self._ledger = Ledger(self.session)
+        self._consumer: Consumer | None = None
+        self._toucher: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._start_lock = threading.Lock()
+        # Serialises FIN, TOUCH and REQ: a message is never touched after it was answered.
+        self._answer_lock = threading.Lock()
+        self._available_now = False
+        self._stop_claimed = False
+        self._stop_done = threading.Event()
+        self._sigterm_seen = False
+
+    # Only the picklable configuration travels; threads and sockets stay in the driver process.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "session": self.session}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+        self.session = state["session"]
+        self._ledger = Ledger(self.session)
+
+    # ------------------------------------------------------------------ Spark's calls
+
+    def initialOffset(self) -> dict:
+        """Offset of a query that has no checkpoint yet: before this reader's first message."""
+        return self._ledger.offset(0)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxMessagesPerBatch`` as a row limit, else all that is held."""
+        if self.options.max_messages_per_batch is not None:
+            return ReadMaxRows(self.options.max_messages_per_batch)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: each ``latestOffset`` waits for messages until the topic is
+        quiet for ``availableNowIdleTimeout`` seconds; an empty answer ends the query."""
+        self._available_now = True
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """FIN what Spark committed (everything up to ``start``), then cut the next batch.
+
+        Spark calls this for batch N+1 only after batch N ran and its commit-log entry was
+        written, so ``start`` (the end of batch N) is committed."""
+        self._ensure_started()
+        self._finish_through(start)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if self._available_now:
+            self._ledger.wait_until(
+                start,
+                max_rows,
+                self._capacity(),
+                self.options.available_now_idle_timeout,
+                self._stopping,
+            )
+        end = self._ledger.latest(start, max_rows)
+        if end != start:
+            logger.debug("batch planned: %s -> %s", start, end)
+        return end
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """The rows of ``(start, end]``, split into ``numPartitions`` InputPartitions."""
+        messages = self._ledger.slice(start, end)
+        if not messages:
+            if self._ledger.seq_of(end) is None and start != end:
+                logger.info(
+                    "batch %s -> %s is from an earlier run of the query; its messages were not "
+                    "finished and come back from nsqd",
+                    start,
+                    end,
+                )
+            return []
+        count = min(self.options.num_partitions, len(messages))
+        size = -(-len(messages) // count)
+        topic = self.options.topic
+        return [
+            NSQInputPartition(i, to_record_batch(messages[i * size : (i + 1) * size], topic))
+            for i in range(count)
+            if messages[i * size : (i + 1) * size]
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """On an executor: yield the partition's rows (no connection to nsqd)."""
+        batch = getattr(partition, "batch", None)
+        if batch is not None and batch.num_rows:
+            yield batch
+
+    def commit(self, end: dict) -> None:
+        """Spark committed everything up to ``end``: FIN it (usually done already by
+        :meth:`latestOffset`)."""
+        self._finish_through(end)
+
+    def stop(self) -> None:
+        """Requeue every message still held and stop the Consumer and the toucher.
+
+        Idempotent; a second caller waits (up to 30 s) for the first one to finish."""
+        with self._start_lock:
+            claimed = not self._stop_claimed
+            self._stop_claimed = True
+            self._stopping.set()
+        if not claimed:
+            self._stop_done.wait(30.0)
+            return
+        try:
+            with self._answer_lock:
+                held = self._ledger.release_all()
+                for message in held:
+                    if not message.has_responded():
+                        message.requeue(delay=0, backoff=False)
+            if held:
+                logger.info("stopping: requeued %d messages not committed by Spark", len(held))
+            if self._consumer is not None:
+                # CLS, then close: the REQs queued before are written first.
+                self._consumer.stop(timeout=10.0)
+            if self._toucher is not None:
+                self._toucher.join(5.0)
+        finally:
+            self._stop_done.set()
+
+    # ------------------------------------------------------------------ internals
+
+    def _capacity(self) -> int:
+        return int(self.options.consumer_options["max_in_flight"])
+
+    def _ensure_started(self) -> None:
+        with self._start_lock:
+            if self._consumer is not None or self._stopping.is_set():
+                return
+            opts = self.options
+            consumer = Consumer(
+                opts.topic,
+                opts.channel,
+                self._on_message,
+                nsqd_tcp_addresses=opts.nsqd_tcp_addresses or None,
+                lookupd_http_addresses=opts.lookupd_http_addresses or None,
+                **opts.consumer_options,
+            )
+            consumer.start()
+            self._consumer = consumer
+            self._handle_sigterm()
+            self._toucher = threading.Thread(
+                target=self._touch_loop,
+                name=f"nsq-spark-toucher-{opts.topic}/{opts.channel}",
+                daemon=True,
+            )
+            self._toucher.start()
+            logger.info(
+                "nsq source %s/%s started (session %s, max_in_flight %d)",
+                opts.topic,
+                opts.channel,
+                self.session,
+                self._capacity(),
+            )
+
+    def _handle_sigterm(self) -> None:
+        """In Spark's reader process (main thread, where no one else handles SIGTERM): on
+        SIGTERM, :meth:`stop` on a thread of its own, then die of SIGTERM.
+
+        The handler itself only starts that thread: it runs on the main thread between two
+        bytecodes, maybe inside a FIN holding a lock that stopping needs."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def stop_then_die() -> None:
+            try:
+                self.stop()
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler below ends the process
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            if self._stop_done.is_set():
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            if not self._sigterm_seen:
+                self._sigterm_seen = True
+                logger.info("SIGTERM: the query stops; requeueing what the reader holds")
+                threading.Thread(target=stop_then_die, name="nsq-spark-stop", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _on_message(self, message: Message) -> None:
+        # Runs on a Consumer worker thread: hold the message until Spark commits it.
+        message.enable_async()
+        if self._stopping.is_set():
+            message.requeue(delay=0, backoff=False)
+            return
+        self._ledger.add(message)
+
+    def _finish_through(self, offset: dict) -> None:
+        seq = self._ledger.seq_of(offset)
+        if seq is None:
+            return
+        with self._answer_lock:
+            done = self._ledger.release_through(seq)
+            for message in done:
+                message.finish()
+        if done:
+            logger.debug("finished %d messages through seq %d", len(done), seq)
+
+    def _msg_timeouts(self) -> dict[str, float]:
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        return {c.address: float(c.msg_timeout) for c in consumer.connections()}
+
+    def _touch_loop(self) -> None:
+        configured = self.options.consumer_options.get("msg_timeout")
+        default = float(configured) if configured else _DEFAULT_MSG_TIMEOUT
+        while True:
+            timeouts = self._msg_timeouts()
+            shortest = min([default, *timeouts.values()])
+            # Wake four times per shortest timeout: each message is touched between a half and
+            # three quarters of its timeout after its last delivery or touch.
+            if self._stopping.wait(max(shortest / 4, 0.05)):
+                return
+            due = self._ledger.due_for_touch(time.monotonic(), timeouts, default)
+            if not due:
+                continue
+            with self._answer_lock:
+                for message in due:
+                    if not message.has_responded():
+                        message.touch()
+            logger.debug("touched %d held messages", len(due))

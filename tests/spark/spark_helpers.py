@@ -1,0 +1,89 @@
+"""Helpers of the Spark tests: a collecting consumer, nsqd stats, publishing, pids."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from nsqclient import Consumer, NsqdHTTPClient, Producer
+from nsqclient.testing.waiting import wait_for
+
+
+class Collector:
+    """Consumes ``topic`` on channel ``check`` and keeps every body (and how many arrived)."""
+
+    def __init__(self, address: str, topic: str):
+        self.bodies: set[bytes] = set()
+        self.received = 0
+        self.consumer = Consumer(
+            topic, "check", self._handle, nsqd_tcp_addresses=address, max_in_flight=2000
+        )
+        self.consumer.start()
+
+    def _handle(self, message: Any) -> None:
+        self.bodies.add(message.body)
+        self.received += 1
+
+    def wait_count(self, count: int, timeout: float) -> None:
+        """Wait until ``count`` distinct bodies arrived."""
+        wait_for(
+            lambda: len(self.bodies) >= count,
+            timeout=timeout,
+            interval=0.1,
+            message=lambda: f"{len(self.bodies)} of {count} messages arrived",
+        )
+
+
+def channel_stats(node: Any, topic: str, channel: str) -> dict[str, Any] | None:
+    """nsqd's /stats entry for ``topic``/``channel`` on ``node`` (None: no such channel)."""
+    with NsqdHTTPClient(node.http_address) as http:
+        data = http.stats(topic, channel, include_clients=False)
+    for t in data.get("topics") or []:
+        if t["topic_name"] == topic:
+            for c in t.get("channels") or []:
+                if c["channel_name"] == channel:
+                    return dict(c)
+    return None
+
+
+def publish_numbered(address: str, topic: str, count: int, prefix: str = "m") -> set[bytes]:
+    """Publish ``prefix0`` ... ``prefix{count-1}`` to ``topic`` in MPUBs of 1000; return them."""
+    bodies = [f"{prefix}{i}".encode() for i in range(count)]
+    with Producer(address) as producer:
+        for i in range(0, count, 1000):
+            producer.mpub(topic, bodies[i : i + 1000])
+    return set(bodies)
+
+
+def pids_connected_to(port: int) -> set[int]:
+    """Other processes with an established TCP connection to 127.0.0.1:``port`` (Linux)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            remote, state, inode = fields[2], fields[3], fields[9]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                inodes.add(inode)
+    pids: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        fd_dir = f"/proc/{entry}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                pids.add(int(entry))
+                break
+    return pids

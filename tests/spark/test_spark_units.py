@@ -1,0 +1,288 @@
+"""The Spark data source's pure parts: options, the ledger, rows, MPUB chunking (no Spark)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from nsqclient.spark.ledger import Ledger
+from nsqclient.spark.options import SinkOptions, SourceOptions, parse_config_value
+from nsqclient.spark.rows import message_id_text, signed64
+
+pa = pytest.importorskip("pyarrow")
+
+
+# ---------------------------------------------------------------------------------- options
+
+
+def source(**extra: str) -> SourceOptions:
+    options = {"topic": "clicks", "channel": "spark", "nsqd_tcp_addresses": "127.0.0.1:4150"}
+    options.update(extra)
+    return SourceOptions.parse(options)
+
+
+def test_source_options_defaults_and_addresses() -> None:
+    opts = source(nsqd_tcp_addresses=" 127.0.0.1:4150, 127.0.0.1:4152 ,")
+    assert opts.nsqd_tcp_addresses == ["127.0.0.1:4150", "127.0.0.1:4152"]
+    assert opts.lookupd_http_addresses == []
+    assert opts.max_messages_per_batch is None
+    assert opts.num_partitions == 1
+    # The source's own defaults: a deep max_in_flight, and never give a message up.
+    assert opts.consumer_options == {"max_in_flight": 5000, "max_tries": 0}
+
+
+def test_source_options_are_case_insensitive_and_typed() -> None:
+    # Spark lower-cases option keys; values are always strings.
+    opts = source(
+        maxmessagesperbatch="100",
+        NUMPARTITIONS="3",
+        max_in_flight="20",
+        tls_v1="true",
+        tls_verify="no",
+        msg_timeout="2.5",
+        auth_secret="s3cret",
+        tls_ca_file="none",
+    )
+    assert opts.max_messages_per_batch == 100
+    assert opts.num_partitions == 3
+    assert opts.consumer_options == {
+        "max_in_flight": 20,
+        "max_tries": 0,
+        "tls_v1": True,
+        "tls_verify": False,
+        "msg_timeout": 2.5,
+        "auth_secret": "s3cret",
+        "tls_ca_file": None,
+    }
+
+
+def test_source_options_ignore_what_spark_adds() -> None:
+    assert source(checkpointlocation="/tmp/x", path="ignored").topic == "clicks"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_in_flite": "5"}, "did you mean 'max_in_flight'"),
+        ({"maxMessagesPerBatch": "0"}, "maxMessagesPerBatch must be >= 1"),
+        ({"maxMessagesPerBatch": "many"}, "maxMessagesPerBatch must be an integer"),
+        ({"max_in_flight": "-1"}, "max_in_flight must be >= 0"),
+        ({"max_in_flight": "0"}, "max_in_flight must be >= 1"),
+        ({"tls_v1": "maybe"}, "not a boolean"),
+        ({"topic": "bad topic!"}, "topic"),
+        ({"topic": ""}, "needs the 'topic' option"),
+        ({"nsqd_tcp_addresses": ""}, "needs 'nsqd_tcp_addresses' or 'lookupd_http_addresses'"),
+        ({"availableNowIdleTimeout": "0"}, "availableNowIdleTimeout must be > 0"),
+    ],
+)
+def test_source_options_refuse_bad_values(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        source(**options)
+
+
+def test_source_needs_a_channel() -> None:
+    with pytest.raises(ValueError, match="'channel'"):
+        SourceOptions.parse({"topic": "t", "nsqd_tcp_addresses": "127.0.0.1:4150"})
+
+
+def test_sink_options() -> None:
+    opts = SinkOptions.parse(
+        {
+            "topic": "out",
+            "lookupd_http_addresses": "http://127.0.0.1:4161",
+            "maxmessagespermpub": "10",
+            "pub_timeout": "3",
+            "checkpointLocation": "/tmp/ck",
+        }
+    )
+    assert opts.lookupd_http_addresses == ["http://127.0.0.1:4161"]
+    assert opts.max_messages_per_mpub == 10
+    assert opts.max_bytes_per_mpub == 4 * 1024 * 1024
+    assert opts.producer_options == {"pub_timeout": 3.0}
+    with pytest.raises(ValueError, match="did you mean 'maxMessagesPerMpub'"):
+        SinkOptions.parse({"topic": "out", "nsqd_tcp_addresses": "h:1", "maxMessagesPerMpb": "1"})
+
+
+def test_parse_config_value() -> None:
+    assert parse_config_value("max_in_flight", " 7 ") == 7
+    assert parse_config_value("snappy", "ON") is True
+    assert parse_config_value("dial_timeout", "0.5") == 0.5
+    assert parse_config_value("client_id", "") is None
+    with pytest.raises(ValueError, match="option max_in_flight"):
+        parse_config_value("max_in_flight", "1.5")
+    with pytest.raises(ValueError, match="unknown option"):
+        parse_config_value("nope", "1")
+
+
+# ---------------------------------------------------------------------------------- ledger
+
+
+class FakeMessage:
+    def __init__(self, n: int, address: str = "a:1", received_at: float = 0.0):
+        self.n = n
+        self.nsqd_address = address
+        self.received_at = received_at
+        self.touched_at: float | None = None
+
+
+def ledger_with(count: int, session: str = "s1") -> Ledger:
+    ledger = Ledger(session)
+    for i in range(count):
+        assert ledger.add(FakeMessage(i)) == i + 1
+    return ledger
+
+
+def test_ledger_cuts_batches_by_limit_and_serves_ranges() -> None:
+    ledger = ledger_with(10)
+    start = {"session": "s1", "seq": 0}
+    end = ledger.latest(start, 4)
+    assert end == {"session": "s1", "seq": 4}
+    assert [m.n for m in ledger.slice(start, end)] == [0, 1, 2, 3]
+    # Asked twice (Spark may plan a batch again): the same rows.
+    assert [m.n for m in ledger.slice(start, end)] == [0, 1, 2, 3]
+    end2 = ledger.latest(end, None)
+    assert end2 == {"session": "s1", "seq": 10}
+    assert [m.n for m in ledger.slice(end, end2)] == list(range(4, 10))
+    # Nothing after the end: the start comes back unchanged (Spark plans no batch).
+    assert ledger.latest(end2, None) == end2
+
+
+def test_ledger_releases_committed_prefix_only() -> None:
+    ledger = ledger_with(6)
+    released = ledger.release_through(4)
+    assert [m.n for m in released] == [0, 1, 2, 3]
+    assert len(ledger) == 2
+    assert ledger.release_through(4) == []
+    # A batch starting at the committed offset starts after it.
+    start = {"session": "s1", "seq": 4}
+    assert ledger.available(start) == 2
+    assert [m.n for m in ledger.slice(start, ledger.latest(start, None))] == [4, 5]
+    ledger.add(FakeMessage(6))
+    assert ledger.last_seq == 7
+    assert [m.n for m in ledger.release_all()] == [4, 5, 6]
+    assert len(ledger) == 0
+    assert ledger.add(FakeMessage(7)) == 8
+
+
+def test_ledger_offsets_of_an_earlier_run() -> None:
+    ledger = ledger_with(3, session="new")
+    old_start = {"session": "old", "seq": 40}
+    old_end = {"session": "old", "seq": 50}
+    # Re-running the old run's last batch: its messages are not here (nsqd redelivers them).
+    assert ledger.slice(old_start, old_end) == []
+    assert ledger.seq_of(old_end) is None
+    # A batch from the old run's end takes everything this run holds.
+    end = ledger.latest(old_end, None)
+    assert end == {"session": "new", "seq": 3}
+    assert [m.n for m in ledger.slice(old_end, end)] == [0, 1, 2]
+    # And with nothing held, the old offset is returned as it is.
+    empty = Ledger("new")
+    assert empty.latest(old_end, None) == old_end
+
+
+def test_ledger_seq_of_rejects_malformed_offsets() -> None:
+    ledger = Ledger("s")
+    assert ledger.seq_of({"session": "s", "seq": 3}) == 3
+    assert ledger.seq_of({"session": "s", "seq": True}) is None
+    assert ledger.seq_of({"session": "s"}) is None
+    assert ledger.seq_of(None) is None
+
+
+def test_ledger_due_for_touch() -> None:
+    ledger = Ledger("s")
+    old = FakeMessage(0, "a:1", received_at=100.0)
+    touched = FakeMessage(1, "a:1", received_at=100.0)
+    touched.touched_at = 125.0
+    other = FakeMessage(2, "b:2", received_at=100.0)
+    for m in (old, touched, other):
+        ledger.add(m)
+    # a:1 has msg_timeout 50 s (touch after 25 s); b:2 is unknown: the default of 60 s.
+    due = ledger.due_for_touch(126.0, {"a:1": 50.0}, 60.0)
+    assert due == [old]
+    assert ledger.due_for_touch(131.0, {"a:1": 50.0}, 60.0) == [old, other]
+
+
+def test_ledger_wait_until_returns_on_limit_capacity_idle_and_stop() -> None:
+    stop = threading.Event()
+    start = {"session": "s", "seq": 0}
+    ledger = Ledger("s")
+    added = threading.Thread(target=lambda: [ledger.add(FakeMessage(i)) for i in range(5)])
+    added.start()
+    ledger.wait_until(start, 5, capacity=100, idle=30.0, stop=stop)  # returns on the limit
+    added.join()
+    assert ledger.available(start) == 5
+    ledger.wait_until(start, None, capacity=5, idle=30.0, stop=stop)  # capacity reached
+    stop.set()
+    ledger.wait_until(start, None, capacity=100, idle=30.0, stop=stop)  # stopped
+    # Idle: nothing arrives for 0.05 s.
+    quiet = Ledger("q")
+    quiet.wait_until(start, None, capacity=100, idle=0.05, stop=threading.Event())
+    assert quiet.available(start) == 0
+
+
+# ---------------------------------------------------------------------------------- rows
+
+
+def test_message_ids_and_trace_ids() -> None:
+    assert message_id_text(b"0a1b2c3d4e5f6789") == "0a1b2c3d4e5f6789"
+    raw = bytes(range(16))
+    assert message_id_text(raw) == raw.hex()
+    assert signed64(None) is None
+    assert signed64(5) == 5
+    assert signed64((1 << 64) - 1) == -1
+
+
+class RowMessage:
+    def __init__(self, body: bytes, **youzan: int):
+        self.body = body
+        self.id = b"0000000000000001"
+        self.timestamp = 1_700_000_000_123_456_789
+        self.attempts = 2
+        self.nsqd_address = "127.0.0.1:4150"
+        for name, value in youzan.items():
+            setattr(self, name, value)
+
+
+def test_record_batch_classic_and_youzan() -> None:
+    from nsqclient.spark.rows import to_record_batch
+
+    batch = to_record_batch(
+        [RowMessage(b"a"), RowMessage(b"b", partition=3, offset=77, trace_id=(1 << 63) + 1)],
+        "clicks",
+    )
+    rows = batch.to_pylist()
+    assert [r["body"] for r in rows] == [b"a", b"b"]
+    assert rows[0]["topic"] == "clicks"
+    assert rows[0]["message_id"] == "0000000000000001"
+    assert rows[0]["attempts"] == 2
+    assert rows[0]["timestamp"].timestamp() == pytest.approx(1_700_000_000.123456)
+    assert (rows[0]["partition"], rows[0]["offset"], rows[0]["trace_id"]) == (None, None, None)
+    assert (rows[1]["partition"], rows[1]["offset"]) == (3, 77)
+    assert rows[1]["trace_id"] == -(1 << 63) + 1
+
+
+# ---------------------------------------------------------------------------------- sink
+
+
+def test_mpub_chunks_by_count_and_bytes() -> None:
+    from nsqclient.spark.sink import _chunks
+
+    bodies = [b"x" * 10] * 7
+    assert [len(c) for c in _chunks(iter(bodies), 3, 10_000)] == [3, 3, 1]
+    # 14 bytes each with the size prefix: two fit in 30 bytes, three do not.
+    assert [len(c) for c in _chunks(iter(bodies), 100, 30)] == [2, 2, 2, 1]
+    # A body bigger than the byte limit still goes, alone (nsqd judges it).
+    assert [len(c) for c in _chunks(iter([b"y" * 50, b"z"]), 100, 30)] == [1, 1]
+    with pytest.raises(ValueError, match="null body"):
+        list(_chunks(iter([b"a", None]), 10, 100))  # type: ignore[list-item]
+
+
+def test_body_column() -> None:
+    from nsqclient.spark.sink import body_column
+
+    assert body_column(["key", "Body"]) == "Body"
+    assert body_column(["value", "key"]) == "value"
+    assert body_column(["body", "value"]) == "body"
+    with pytest.raises(ValueError, match="'body' or 'value'"):
+        body_column(["payload"])
