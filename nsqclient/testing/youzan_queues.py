@@ -348,7 +348,7 @@ class PartitionData:
         self.ordered = ordered
         self.ext = ext
         self.channels: dict[str, YChannel] = {}
-        self.next_id = (partition << ID_PARTITION_SHIFT) + 1
+        self.next_id = (partition << ID_PARTITION_SHIFT) + 2  # as youzan's commit log starts
         self.end_offset = 0
         self.message_count = 0
 
