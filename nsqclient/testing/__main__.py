@@ -5,8 +5,11 @@ One server each, with the real binary's flags and meanings (see :mod:`.cli`)::
     python -m nsqclient.testing nsqlookupd --tcp-address=127.0.0.1:4160 --http-address=...
     python -m nsqclient.testing nsqd --lookupd-tcp-address=127.0.0.1:4160 --data-path=/tmp/d
 
-(the same as the ``nsqclient-nsqlookupd`` and ``nsqclient-nsqd`` commands).  Without a server
-name, the older combined mode: one nsqd and, with ``--lookupd-tcp-address`` and
+(the same as the ``nsqclient-nsqlookupd`` and ``nsqclient-nsqd`` commands).  With
+``--youzan``, youzan's partitioned NSQ: ``--nsqd-count`` nodes (the first on
+``--tcp-address``) and ``--lookupd-count`` lookupds (the first on the ``--lookupd-*``
+addresses, free ports otherwise); create topics with the lookupd's ``POST /topic/create``.
+Without a server name, the older combined mode: one nsqd and, with ``--lookupd-tcp-address`` and
 ``--lookupd-http-address``, an nsqlookupd in the same process that it registers with::
 
     python -m nsqclient.testing --tcp-address 127.0.0.1:4150 --http-address 127.0.0.1:4151 \\
@@ -59,6 +62,13 @@ def combined_main(argv: list[str]) -> int:
     parser.add_argument("--tls-cert", default=None)
     parser.add_argument("--tls-key", default=None)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--youzan",
+        action="store_true",
+        help="youzan's partitioned NSQ (nsqlookupd always on: free ports unless given)",
+    )
+    parser.add_argument("--nsqd-count", type=int, default=1, help="nsqd nodes (youzan mode)")
+    parser.add_argument("--lookupd-count", type=int, default=1, help="lookupds (youzan mode)")
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -78,9 +88,14 @@ def combined_main(argv: list[str]) -> int:
         options["tls_cert"] = args.tls_cert
         options["tls_key"] = args.tls_key
     use_lookupd = bool(args.lookupd_tcp_address)
+    if args.youzan:
+        options["youzan"] = True
+        options["lookupd_count"] = args.lookupd_count
+    elif args.nsqd_count != 1 or args.lookupd_count != 1:
+        parser.error("--nsqd-count and --lookupd-count need --youzan")
     cluster = EmbeddedNSQ(
-        nsqd_count=1,
-        lookupd=use_lookupd,
+        nsqd_count=args.nsqd_count,
+        lookupd=use_lookupd or args.youzan,
         host=tcp_host,
         nsqd_addresses=[(args.tcp_address, args.http_address)],
         lookupd_addresses=(
@@ -98,6 +113,10 @@ def combined_main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     cluster.start()
+    for node in cluster.nsqds:
+        log.info("nsqd: TCP %s HTTP %s", node.tcp_address, node.http_address)
+    for lookupd in cluster.lookupds:
+        log.info("nsqlookupd: TCP %s HTTP %s", lookupd.tcp_address, lookupd.http_address)
     try:
         while not stop.wait(1.0):
             pass

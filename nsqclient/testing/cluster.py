@@ -18,6 +18,9 @@ from typing import Any
 from .lookupd import Lookupd
 from .nodes import LookupdNode, Node
 from .nsqd import NSQD, NSQDOptions
+from .youzan_lookupd import YouzanLookupd
+from .youzan_meta import Coordinator, TopicMeta
+from .youzan_nsqd import YouzanNSQD
 
 __all__ = ["EmbeddedNSQ", "Node", "LookupdNode"]
 
@@ -46,6 +49,11 @@ class EmbeddedNSQ:
             free ports, one pair per initial node.
         lookupd_addresses: optional ``(tcp_address, http_address)`` for the nsqlookupd.
         lookupd_legacy_json: the nsqlookupd wraps its JSON like pre-1.0 releases.
+        youzan: run youzan's partitioned NSQ instead of classic NSQ: youzan's TCP protocol
+            (partitions, SUB_ORDERED, traced and extended publishing, raw ids) and youzan's
+            nsqlookupd (see :meth:`create_topic`, :meth:`move_leader`).
+        lookupd_count: (youzan mode) how many nsqlookupds; ``/listlookup`` names them all
+            and the first one is the leader.
         **nsqd_options: nsqd flags with underscores, durations in seconds
             (see :class:`~nsqclient.testing.options.NSQDOptions`).
     """
@@ -62,6 +70,8 @@ class EmbeddedNSQ:
         nsqd_addresses: list[tuple[str, str]] | None = None,
         lookupd_addresses: tuple[str, str] | None = None,
         lookupd_legacy_json: bool = False,
+        youzan: bool = False,
+        lookupd_count: int = 1,
         **nsqd_options: Any,
     ):
         NSQDOptions.from_kwargs(**nsqd_options)  # validate early, in the caller's thread
@@ -71,8 +81,14 @@ class EmbeddedNSQ:
         self.host = host
         self.nsqd_options = dict(nsqd_options)
         self.lookupd_legacy_json = lookupd_legacy_json
+        self.youzan = youzan
+        self.lookupd_count = lookupd_count if youzan else 1
         self.nsqds: list[Node] = []
         self.lookupd: LookupdNode | None = None
+        #: every nsqlookupd (several only in youzan mode)
+        self.lookupds: list[LookupdNode] = []
+        self._coordinator: Coordinator | None = None
+        self._youzan_lookupds: list[YouzanLookupd] = []
         self._nsqd_addresses = list(nsqd_addresses or [])
         self._lookupd_addresses = lookupd_addresses
         self._servers: list[NSQD] = []
@@ -107,7 +123,9 @@ class EmbeddedNSQ:
         if not ready.wait(OP_TIMEOUT):
             raise RuntimeError("the embedded NSQ event loop did not start")
         try:
-            if self.use_lookupd:
+            if self.youzan:
+                self._call(self._start_youzan_async())
+            elif self.use_lookupd:
                 self._call(self._start_lookupd_async())
             for i in range(self.nsqd_count):
                 addresses = self._nsqd_addresses[i] if i < len(self._nsqd_addresses) else None
@@ -148,6 +166,8 @@ class EmbeddedNSQ:
             await server.stop()
         if self._lookupd_server is not None:
             await self._lookupd_server.stop()
+        for youzan_lookupd in self._youzan_lookupds:
+            await youzan_lookupd.stop()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
@@ -189,6 +209,31 @@ class EmbeddedNSQ:
         server = self._lookupd_server
         if self.lookupd is None:
             self.lookupd = LookupdNode(self.host, server.tcp_port, server.http_port)
+            self.lookupds = [self.lookupd]
+
+    async def _start_youzan_async(self) -> None:
+        """The metadata and the youzan nsqlookupds (the first on ``lookupd_addresses``)."""
+        loop = asyncio.get_running_loop()
+        self._coordinator = Coordinator(loop)
+        if not self.use_lookupd:
+            return
+        for i in range(self.lookupd_count):
+            tcp_port = http_port = 0
+            if i == 0 and self._lookupd_addresses:
+                _, tcp_port = _split(self._lookupd_addresses[0])
+                _, http_port = _split(self._lookupd_addresses[1])
+            server = YouzanLookupd(
+                loop,
+                self._coordinator,
+                host=self.host,
+                tcp_port=tcp_port,
+                http_port=http_port,
+                broadcast_address=self.host,
+            )
+            await server.start()
+            self._youzan_lookupds.append(server)
+            self.lookupds.append(LookupdNode(self.host, server.tcp_port, server.http_port))
+        self.lookupd = self.lookupds[0]
 
     def stop_lookupd(self) -> None:
         """Stop the nsqlookupd (connections drop, registrations are forgotten)."""
@@ -209,7 +254,11 @@ class EmbeddedNSQ:
     def _add_nsqd(self, addresses: tuple[str, str] | None, overrides: dict[str, Any]) -> Node:
         options = dict(self.nsqd_options)
         options.update(overrides)
-        if self._lookupd_server is not None and "lookupd_tcp_addresses" not in options:
+        if (
+            self._lookupd_server is not None
+            and "lookupd_tcp_addresses" not in options
+            and not self.youzan
+        ):
             options["lookupd_tcp_addresses"] = [self._lookupd_server.tcp_address]
         opts = NSQDOptions.from_kwargs(**options)
         tcp_port = http_port = 0
@@ -218,14 +267,25 @@ class EmbeddedNSQ:
             _, http_port = _split(addresses[1])
 
         async def create() -> NSQD:
-            server = NSQD(
-                asyncio.get_running_loop(),
-                opts,
-                host=self.host,
-                tcp_port=tcp_port,
-                http_port=http_port,
-                lookupd_registry=self._registry,
-            )
+            server: NSQD
+            if self._coordinator is not None:
+                server = YouzanNSQD(
+                    asyncio.get_running_loop(),
+                    opts,
+                    self._coordinator,
+                    host=self.host,
+                    tcp_port=tcp_port,
+                    http_port=http_port,
+                )
+            else:
+                server = NSQD(
+                    asyncio.get_running_loop(),
+                    opts,
+                    host=self.host,
+                    tcp_port=tcp_port,
+                    http_port=http_port,
+                    lookupd_registry=self._registry,
+                )
             await server.start()
             return server
 
@@ -313,6 +373,81 @@ class EmbeddedNSQ:
     def inject_frame(self, i: int, raw: bytes) -> None:
         """Write ``raw`` to every client connection of node ``i`` (through TLS/compression)."""
         self._call(lambda: self._servers[i].inject(bytes(raw)))
+
+    # -- youzan mode (topics, partitions, leaders)
+
+    def _youzan(self) -> Coordinator:
+        if self._coordinator is None:
+            raise RuntimeError("this is not a youzan cluster (EmbeddedNSQ(youzan=True))")
+        return self._coordinator
+
+    def create_topic(
+        self,
+        topic: str,
+        partitions: int = 1,
+        replica: int = 1,
+        *,
+        ordered: bool = False,
+        ext: bool = False,
+        multi_part: bool = False,
+    ) -> None:
+        """Create a partitioned topic (what the lookupd's ``POST /topic/create`` does).
+
+        Partition ``p`` is led by node ``p % nsqd_count`` and copied on the next
+        ``replica - 1`` nodes.  ``ordered`` (youzan's ``orderedmulti``) topics must be consumed
+        with SUB_ORDERED and published with a partition; ``ext`` topics carry JSON headers.
+        Raises ValueError with youzan's reason when the cluster cannot hold the topic.
+        """
+        meta = TopicMeta(partitions, replica, ordered=ordered, ext=ext, multi_part=multi_part)
+        coordinator = self._youzan()
+        error = self._call(lambda: coordinator.create_topic(topic, meta))
+        if error is not None:
+            raise ValueError(error)
+
+    def create_channel(self, topic: str, channel: str, partition: int | None = None) -> None:
+        """Create ``channel`` on one partition (or all) of ``topic``, as a first SUB would."""
+        coordinator = self._youzan()
+
+        def create() -> None:
+            yt = coordinator.topics[topic]
+            for p, state in enumerate(yt.partitions):
+                if partition is None or p == partition:
+                    state.data.get_channel(channel)
+
+        self._call(create)
+
+    def partition_leader(self, topic: str, partition: int) -> int:
+        """The index (in :attr:`nsqds`) of the node leading the partition."""
+        coordinator = self._youzan()
+        state = self._call(lambda: coordinator.partition(topic, partition))
+        if state is None:
+            raise KeyError(f"no partition {partition} of topic {topic!r}")
+        return int(state.leader)
+
+    def partition_replicas(self, topic: str, partition: int) -> list[int]:
+        """The indexes of the nodes holding a copy of the partition (the leader first)."""
+        coordinator = self._youzan()
+        state = self._call(lambda: coordinator.partition(topic, partition))
+        if state is None:
+            raise KeyError(f"no partition {partition} of topic {topic!r}")
+        return list(state.replicas)
+
+    def move_leader(self, topic: str, partition: int, node: int) -> None:
+        """Make node ``node`` lead the partition, mid-run (a fault control).
+
+        The old leader drops the partition's consumers (their in-flight messages are delivered
+        again by the new leader) and answers E_FAILED_ON_NOT_LEADER to publishes while it still
+        holds a copy (when ``node`` was a replica, the two swap roles), E_TOPIC_NOT_EXIST once
+        it holds none (when ``node`` was not a replica, it takes the old leader's copy).
+        """
+        coordinator = self._youzan()
+        self._call(lambda: coordinator.move_leader(topic, partition, node))
+
+    def set_writable(self, topic: str, partition: int, writable: bool) -> None:
+        """Refuse (or allow again) writes to a partition: E_FAILED_ON_NOT_WRITABLE, and
+        ``/lookup?access=w`` leaves the partition out meanwhile."""
+        coordinator = self._youzan()
+        self._call(lambda: coordinator.set_writable(topic, partition, writable))
 
     def __repr__(self) -> str:
         return f"EmbeddedNSQ(nsqds={self.nsqds!r}, lookupd={self.lookupd!r})"

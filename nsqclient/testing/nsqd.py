@@ -54,6 +54,9 @@ class ChannelDirectory(Protocol):
 class NSQD(Listeners):
     """One embedded nsqd node: state plus (while started) its TCP and HTTP listeners."""
 
+    #: the protocol object made for each TCP connection
+    conn_class: type[ClientConn] = ClientConn
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -130,7 +133,7 @@ class NSQD(Listeners):
             self._restore()
         self._restored = True
         self._tcp_server = await self.loop.create_server(
-            lambda: ClientConn(self), self.host, self.tcp_port, reuse_address=True
+            lambda: self.conn_class(self), self.host, self.tcp_port, reuse_address=True
         )
         self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
         try:

@@ -145,7 +145,7 @@ _IDENTIFY_FIELDS: dict[str, str] = {
 }
 
 
-def _decode_identify(body: bytes) -> dict[str, Any]:
+def _decode_identify(body: bytes, fields: dict[str, str] = _IDENTIFY_FIELDS) -> dict[str, Any]:
     data = json.loads(body.decode("utf-8", "replace"))
     out: dict[str, Any] = {}
     if data is None:
@@ -154,8 +154,8 @@ def _decode_identify(body: bytes) -> dict[str, Any]:
         raise ValueError("not an object")
     error = None
     for key, value in data.items():
-        name = key if key in _IDENTIFY_FIELDS else key.lower()
-        kind = _IDENTIFY_FIELDS.get(name)
+        name = key if key in fields else key.lower()
+        kind = fields.get(name)
         if kind is None or value is None:
             continue
         if kind == "str":
@@ -179,6 +179,13 @@ def _decode_identify(body: bytes) -> dict[str, Any]:
 
 class ClientConn(asyncio.Protocol):
     """One TCP client of nsqd speaking protocol V2."""
+
+    #: the connection is closed when no command came for this many heartbeat intervals
+    read_deadline_factor = 2
+    #: IDENTIFY fields understood (name -> kind)
+    identify_fields = _IDENTIFY_FIELDS
+    #: FIN/REQ/TOUCH carry a raw 16-byte id that may hold a newline (youzan's nsqd)
+    raw_id_lines = False
 
     def __init__(self, nsqd: Server):
         self.nsqd = nsqd
@@ -396,7 +403,8 @@ class ClientConn(asyncio.Protocol):
             self._deadline_timer = None
         if self.heartbeat_interval > 0 and self.transport is not None:
             self._deadline_timer = self.loop.call_at(
-                self.last_cmd + 2 * self.heartbeat_interval, self._check_deadline
+                self.last_cmd + self.read_deadline_factor * self.heartbeat_interval,
+                self._check_deadline,
             )
 
     def _check_deadline(self) -> None:
@@ -405,12 +413,12 @@ class ClientConn(asyncio.Protocol):
             return
         if self.nsqd.stalled:
             return  # re-armed on resume
-        due = self.last_cmd + 2 * self.heartbeat_interval
+        due = self.last_cmd + self.read_deadline_factor * self.heartbeat_interval
         if self.loop.time() >= due - 1e-6:
             log.info(
                 "[%s] read deadline passed (no command in %.3fs); closing",
                 self.remote,
-                2 * self.heartbeat_interval,
+                self.read_deadline_factor * self.heartbeat_interval,
             )
             self.close()
             return
@@ -440,21 +448,29 @@ class ClientConn(asyncio.Protocol):
             self._arm_deadline()
         handlers = self._handlers
         tls_required = self.opts.tls_required
+        raw_id_lines = self.raw_id_lines
         ran = False
         try:
             while not self.closed and not self.blocked:
-                nl = buf.find(b"\n", pos)
-                if nl < 0:
-                    if len(buf) - pos >= _LINE_LIMIT:
-                        log.info("[%s] command line too long; closing", self.remote)
-                        self.pos = pos
-                        self.close()
-                        return
-                    break
-                end = nl
-                if end > pos and buf[end - 1] == 13:
-                    end -= 1
-                params = bytes(buf[pos:end]).split(b" ")
+                special = self._raw_id_command(pos) if raw_id_lines else None
+                if special is not None:
+                    # youzan: FIN/REQ/TOUCH with a raw id (which may hold a newline)
+                    params, nl = special
+                    if nl < 0:
+                        break  # the rest of the command has not arrived
+                else:
+                    nl = buf.find(b"\n", pos)
+                    if nl < 0:
+                        if len(buf) - pos >= _LINE_LIMIT:
+                            log.info("[%s] command line too long; closing", self.remote)
+                            self.pos = pos
+                            self.close()
+                            return
+                        break
+                    end = nl
+                    if end > pos and buf[end - 1] == 13:
+                        end -= 1
+                    params = bytes(buf[pos:end]).split(b" ")
                 handler = handlers.get(params[0])
                 try:
                     if tls_required and not self.tls and params[0] != b"IDENTIFY":
@@ -493,6 +509,16 @@ class ClientConn(asyncio.Protocol):
                     # answer what this chunk asked at once (deliveries follow in _run)
                     if self.out and not self.nsqd.stalled and not self.blocked:
                         self._write_out()
+
+    @property
+    def server_version(self) -> str:
+        """The version IDENTIFY reports."""
+        return VERSION
+
+    def _raw_id_command(self, pos: int) -> tuple[list[bytes], int] | None:
+        """Split a command whose id is raw bytes (``raw_id_lines``): ``(params, index of its
+        final newline)``, the index -1 while incomplete; None for any other command."""
+        return None
 
     def _read_size(self, start: int) -> int | None:
         if len(self.buf) < start + 4:
@@ -557,7 +583,7 @@ class ClientConn(asyncio.Protocol):
             return _NEED_MORE
         body = bytes(self.buf[end + 4 : after])
         try:
-            data = _decode_identify(body)
+            data = _decode_identify(body, self.identify_fields)
         except ValueError as exc:
             raise FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from exc
         self._apply_identify(data)
@@ -578,7 +604,7 @@ class ClientConn(asyncio.Protocol):
             )
         reply = {
             "max_rdy_count": opts.max_rdy_count,
-            "version": VERSION,
+            "version": self.server_version,
             "max_msg_timeout": ms(opts.max_msg_timeout),
             "msg_timeout": ms(self.msg_timeout),
             "tls_v1": tls_v1,

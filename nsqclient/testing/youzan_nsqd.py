@@ -1,0 +1,79 @@
+"""An embedded nsqd in youzan's mode: the classic node with youzan's TCP protocol
+(:mod:`.youzan_protocol`), a place in the cluster's metadata (:mod:`.youzan_meta`) and the
+identities youzan's nsqlookupd shows for it.
+
+It does not register with an nsqlookupd over TCP: the embedded youzan lookupd reads the
+cluster's metadata directly (the real one learns leaders from etcd and registrations).  Its
+lookup peer ``id`` is the address of a (made-up) connection to the lookupd and changes each time
+the node starts; its ``distributed_id`` (``ip:rpc port:tcp port:extra``) does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from typing import Any
+
+from .nsqd import NSQD
+from .options import NSQDOptions
+from .youzan_meta import Coordinator
+from .youzan_protocol import YOUZAN_VERSION, YouzanClientConn
+
+__all__ = ["YouzanNSQD"]
+
+log = logging.getLogger("nsqclient.testing.youzan_nsqd")
+
+_peer_ports = itertools.count(random.randrange(30000, 50000))
+
+
+class YouzanNSQD(NSQD):
+    """One embedded youzan nsqd node."""
+
+    conn_class = YouzanClientConn
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        opts: NSQDOptions,
+        coordinator: Coordinator,
+        host: str = "127.0.0.1",
+        tcp_port: int = 0,
+        http_port: int = 0,
+    ):
+        super().__init__(loop, opts, host=host, tcp_port=tcp_port, http_port=http_port)
+        self.coordinator = coordinator
+        self.index = coordinator.add_node(self)
+        self.version = YOUZAN_VERSION
+        self.rpc_port = 0
+        self.peer_id = ""
+        self._extra_id = str(random.randrange(100000, 1000000))
+
+    async def start(self) -> None:
+        """Listen; the node gets a new lookup peer id (its distributed id stays)."""
+        was_running = self.running
+        await super().start()
+        if not was_running:
+            self.peer_id = f"{self.opts.broadcast_address}:{next(_peer_ports)}"
+            if not self.rpc_port:
+                self.rpc_port = self.tcp_port + 100 if self.tcp_port < 65000 else self.tcp_port
+            log.info("youzan nsqd %d: %s (%s)", self.index, self.peer_id, self.distributed_id)
+
+    @property
+    def distributed_id(self) -> str:
+        """The node's id in the cluster (stable across restarts)."""
+        return f"{self.opts.broadcast_address}:{self.rpc_port}:{self.tcp_port}:{self._extra_id}"
+
+    def peer_info(self) -> dict[str, Any]:
+        """The node as youzan's nsqlookupd lists it (PeerInfo's fields, in Go's order)."""
+        return {
+            "id": self.peer_id,
+            "remote_address": self.peer_id,
+            "hostname": self.hostname,
+            "broadcast_address": self.opts.broadcast_address,
+            "tcp_port": self.tcp_port,
+            "http_port": self.http_port,
+            "version": YOUZAN_VERSION,
+            "distributed_id": self.distributed_id,
+        }
