@@ -45,10 +45,11 @@ from .legacy import (
     subscribe,
     touch,
     unpack_response,
+    valid_channel_name,
+    valid_topic_name,
 )
 from .message import Message, RequeueMessage
 from .producer import Producer
-from .protocol import valid_channel_name, valid_topic_name
 
 #: pynsq 0.9.1's ``nsq.__all__``, every name of which is here with pynsq's signature.
 PYNSQ_NAMES = (

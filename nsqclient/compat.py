@@ -98,10 +98,11 @@ from .legacy import (
     subscribe,
     touch,
     unpack_response,
+    valid_channel_name,
+    valid_topic_name,
 )
 from .message import Message, RequeueMessage
 from .producer import Producer
-from .protocol import valid_channel_name, valid_topic_name
 from .tornado_bridge import LoopBridge, LoopStopped, current_ioloop, tornado_in_use
 
 __all__ = [

@@ -40,6 +40,8 @@ __all__ = [
     "MAGIC_V2",
     "unpack_response",
     "decode_message",
+    "valid_topic_name",
+    "valid_channel_name",
     "identify",
     "subscribe",
     "ready",
@@ -72,6 +74,17 @@ def decode_message(data: bytes) -> Message:
     """A message frame's data, ``[8B timestamp ns][2B attempts][16B id][body]`` ->
     :class:`~nsqclient.Message` (attached to no connection: it cannot be finished)."""
     return Message(protocol.decode_message(data))
+
+
+def valid_topic_name(topic: str) -> bool:
+    """True for a name nsqd accepts as a topic (1-64 of ``.a-zA-Z0-9_-``, optional
+    ``#ephemeral``)."""
+    return protocol.valid_topic_name(topic)
+
+
+def valid_channel_name(channel: str) -> bool:
+    """True for a name nsqd accepts as a channel (same rule as topics)."""
+    return protocol.valid_channel_name(channel)
 
 
 # ============================================================================ commands
