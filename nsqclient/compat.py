@@ -1240,7 +1240,7 @@ class LegacyReader:
         topic, channel: as for :class:`Reader`.
         **kwargs: any other :class:`Reader` argument, given to every Reader.
 
-    A DeprecationWarning is issued, as pynsq did.  The Readers are in :attr:`readers`.
+    A DeprecationWarning is issued, as pynsq did.  The Readers are in ``self.readers``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):

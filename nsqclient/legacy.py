@@ -213,7 +213,7 @@ class BackoffTimer:
         self.update_interval()
 
     def update_interval(self) -> None:
-        """Recompute :attr:`interval` (seconds, a float) from the two parts."""
+        """Recompute ``self.interval`` (seconds, a float) from the two parts."""
         self.interval = float(self.min_interval + self.short_interval + self.long_interval)
 
     def get_interval(self) -> float:
