@@ -72,9 +72,11 @@ def test_batching_with_is_starved_flushes_on_time_and_leaves_nothing_in_flight(n
         # starve a connection; only the timed flush writes them.
         wait_for(lambda: sum(map(len, batches)) >= len(bodies), 15, 0.02, lambda: str(batches))
         wait_for(
-            lambda: (c := channel_stats(nsqd, "clicks", "batcher")) is not None
-            and c["in_flight_count"] == 0
-            and c["depth"] == 0,
+            lambda: (
+                (c := channel_stats(nsqd, "clicks", "batcher")) is not None
+                and c["in_flight_count"] == 0
+                and c["depth"] == 0
+            ),
             10,
             0.05,
             lambda: f"left on nsqd: {channel_stats(nsqd, 'clicks', 'batcher')}",

@@ -282,9 +282,11 @@ def test_reader_handlers_run_on_the_ioloop_and_ioloop_stop_ends_run(nsqd, progra
     assert summary["all_on_main"] is True
     # run() finished every message it had handled before returning: nothing left in flight.
     wait_for(
-        lambda: (c := channel_stats(nsqd, "onloop", "c")) is not None
-        and c["depth"] == 0
-        and c["in_flight_count"] == 0,
+        lambda: (
+            (c := channel_stats(nsqd, "onloop", "c")) is not None
+            and c["depth"] == 0
+            and c["in_flight_count"] == 0
+        ),
         15,
         0.05,
         lambda: f"channel not drained: {channel_stats(nsqd, 'onloop', 'c')}",
