@@ -13,6 +13,8 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
+# Flags such as --max-msg-size must survive copy and paste: no en dashes, no curly quotes.
+smartquotes = False
 
 # Every cross-reference must resolve.  The builds run offline (no intersphinx), so names from
 # the standard library and third-party packages that appear in signatures are listed here.

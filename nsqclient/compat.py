@@ -1,4 +1,5 @@
-"""pynsq drop-in: ``Reader``, ``Writer`` and ``run()`` with pynsq 0.9.1's signatures, no tornado.
+"""pynsq drop-in: ``Reader``, ``Writer``, ``LegacyReader`` and ``run()`` with pynsq 0.9.1's
+signatures; tornado only when the program uses it.
 
 A legacy pynsq program runs unchanged but for its import::
 
@@ -11,6 +12,9 @@ A legacy pynsq program runs unchanged but for its import::
     r = nsq.Reader(topic="clicks", channel="archive", message_handler=handler,
                    lookupd_http_addresses=["http://127.0.0.1:4161"], max_in_flight=9)
     nsq.run()                            # blocks until SIGINT/SIGTERM or nsq.stop()
+
+pynsq's other public names (encoders, BackoffTimer, SyncConn, AsyncConn) are in
+:mod:`nsqclient.legacy`.
 
 Built on :class:`~nsqclient.consumer.Consumer` and :class:`~nsqclient.producer.Producer`.
 pynsq's keyword arguments keep pynsq's names and units and are translated to nsqclient's
@@ -27,7 +31,10 @@ ignored with a warning.  Any other keyword raises TypeError (pynsq raised Assert
 
 Threads: each Reader runs its handler on its own worker thread, one message at a time (as on
 pynsq's single IOLoop); two Readers run their handlers in parallel.  A Writer's callbacks run
-on its own callback thread (``nsq-callbacks-<name>``), never on a connection thread.
+on its own callback thread (``nsq-callbacks-<name>``), never on a connection thread.  When the
+program has imported tornado, :func:`run` runs tornado's IOLoop instead and both are handed to
+it (:mod:`nsqclient.tornado_bridge`): pynsq's model, where tornado code and
+``IOLoop.current().stop()`` work in handlers and callbacks.
 
 Deliberate differences from pynsq:
 
@@ -48,8 +55,8 @@ Deliberate differences from pynsq:
   fatal error on the same connection (which nsqd provably did not process) is sent again;
   pynsq failed its callback with the other publish's error.  pub/mpub/dpub return a Future
   resolved on the callback thread: do not wait on it from inside a callback of the same Writer.
-* There is no IOLoop: where a pynsq program called ``tornado.ioloop.IOLoop.current().stop()``,
-  call :func:`stop` (thread-safe, callable from a handler).  When :func:`run` returns, every
+* Without tornado there is no IOLoop: :func:`stop` (thread-safe, callable from a handler) ends
+  :func:`run`; with it, ``IOLoop.current().stop()`` does too.  When :func:`run` returns, every
   registered Reader has been stopped cleanly (CLS, in-flight handlers drained, connections
   closed) and every Writer closed (publishes in flight answered, callbacks run).
 * ``heartbeat(conn)`` overrides are never called: heartbeats are answered on the connection's
@@ -1019,7 +1026,8 @@ class Writer(metaclass=_Registered):
 
     @property
     def callback_thread(self) -> threading.Thread:
-        """The thread every callback of this Writer runs on."""
+        """The thread that runs this Writer's callbacks (hands them to the IOLoop under a
+        tornado :func:`run`)."""
         return self._thread
 
     # ---------------------------------------------------------------- publishing

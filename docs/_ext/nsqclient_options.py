@@ -21,7 +21,7 @@ def _value(value: Any) -> str:
     if isinstance(value, float) and math.isinf(value):
         return "inf"
     if isinstance(value, float) and value.is_integer():
-        return str(int(value)) if abs(value) >= 1 else repr(value)
+        return str(int(value))
     return repr(value) if isinstance(value, str) else str(value)
 
 
