@@ -1,4 +1,5 @@
-"""pynsq drop-in: ``Reader``, ``Writer`` and ``run()`` with pynsq 0.9.1's signatures, no tornado.
+"""pynsq drop-in: ``Reader``, ``Writer``, ``LegacyReader`` and ``run()`` with pynsq 0.9.1's
+signatures; tornado only when the program uses it.
 
 A legacy pynsq program runs unchanged but for its import::
 
@@ -11,6 +12,9 @@ A legacy pynsq program runs unchanged but for its import::
     r = nsq.Reader(topic="clicks", channel="archive", message_handler=handler,
                    lookupd_http_addresses=["http://127.0.0.1:4161"], max_in_flight=9)
     nsq.run()                            # blocks until SIGINT/SIGTERM or nsq.stop()
+
+pynsq's other public names (encoders, BackoffTimer, SyncConn, AsyncConn) are in
+:mod:`nsqclient.legacy`.
 
 Built on :class:`~nsqclient.consumer.Consumer` and :class:`~nsqclient.producer.Producer`.
 pynsq's keyword arguments keep pynsq's names and units and are translated to nsqclient's
@@ -27,7 +31,10 @@ ignored with a warning.  Any other keyword raises TypeError (pynsq raised Assert
 
 Threads: each Reader runs its handler on its own worker thread, one message at a time (as on
 pynsq's single IOLoop); two Readers run their handlers in parallel.  A Writer's callbacks run
-on its own callback thread (``nsq-callbacks-<name>``), never on a connection thread.
+on its own callback thread (``nsq-callbacks-<name>``), never on a connection thread.  When the
+program has imported tornado, :func:`run` runs tornado's IOLoop instead and both are handed to
+it (:mod:`nsqclient.tornado_bridge`): pynsq's model, where tornado code and
+``IOLoop.current().stop()`` work in handlers and callbacks.
 
 Deliberate differences from pynsq:
 
@@ -48,8 +55,8 @@ Deliberate differences from pynsq:
   fatal error on the same connection (which nsqd provably did not process) is sent again;
   pynsq failed its callback with the other publish's error.  pub/mpub/dpub return a Future
   resolved on the callback thread: do not wait on it from inside a callback of the same Writer.
-* There is no IOLoop: where a pynsq program called ``tornado.ioloop.IOLoop.current().stop()``,
-  call :func:`stop` (thread-safe, callable from a handler).  When :func:`run` returns, every
+* Without tornado there is no IOLoop: :func:`stop` (thread-safe, callable from a handler) ends
+  :func:`run`; with it, ``IOLoop.current().stop()`` does too.  When :func:`run` returns, every
   registered Reader has been stopped cleanly (CLS, in-flight handlers drained, connections
   closed) and every Writer closed (publishes in flight answered, callbacks run).
 * ``heartbeat(conn)`` overrides are never called: heartbeats are answered on the connection's
@@ -69,9 +76,9 @@ import queue
 import random
 import signal
 import ssl
-import struct
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -82,20 +89,33 @@ from .config import OPTIONS
 from .conn import parse_address
 from .consumer import Consumer
 from .errors import ConnectionClosedError, NSQError, ProtocolError
-from .message import Message, RequeueMessage
-from .producer import Producer
-from .protocol import (
+from .legacy import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
-    DecodedMessage,
+    decode_message,
+    dpub,
+    finish,
+    identify,
+    mpub,
+    nop,
+    pub,
+    ready,
+    requeue,
+    subscribe,
+    touch,
+    unpack_response,
     valid_channel_name,
     valid_topic_name,
 )
+from .message import Message, RequeueMessage
+from .producer import Producer
+from .tornado_bridge import LoopBridge, LoopStopped, current_ioloop, tornado_in_use
 
 __all__ = [
     "Reader",
     "Writer",
+    "LegacyReader",
     "run",
     "stop",
     "Message",
@@ -310,6 +330,8 @@ class _Registry:
         self.stop_requested = threading.Event()
         self.wake = threading.Event()
         self.previous_handlers: dict[int, Any] = {}
+        #: the tornado IOLoop's bridge while run() runs one (see nsqclient.tornado_bridge)
+        self.bridge: LoopBridge | None = None
 
     def add(self, client: Reader | Writer) -> None:
         with self.lock:
@@ -318,6 +340,9 @@ class _Registry:
             else:
                 self.writers.append(client)
         self.wake.set()
+        bridge = self.bridge
+        if bridge is not None and isinstance(client, Reader):
+            bridge.call_soon(_tick)
 
     def remove(self, client: Reader | Writer) -> None:
         with self.lock:
@@ -345,13 +370,21 @@ class _Registered(type):
         return instance
 
 
-def run() -> None:
+def run(*, tornado: bool | None = None) -> None:
     """Start every Reader made so far (and any made while running), then block until SIGINT or
     SIGTERM (when called from the main thread) or :func:`stop`.  Before returning, stop every
     Reader cleanly and close every Writer.
 
-    pynsq's ``run()`` started tornado's IOLoop; there is none here.
+    Args:
+        tornado: run tornado's IOLoop in this thread and deliver every Reader handler and Writer
+            callback on it, as pynsq did (``IOLoop.current().stop()`` in a handler then ends
+            ``run()``, and ``PeriodicCallback``/``tornado.web`` code runs beside).  The default,
+            None, does so when the program has imported ``tornado.ioloop``
+            (:func:`nsqclient.tornado_bridge.tornado_in_use`); False keeps handlers on their
+            worker threads and callbacks on their callback threads.
     """
+    use_tornado = tornado_in_use() if tornado is None else bool(tornado)
+    ioloop = current_ioloop() if use_tornado else None  # raises before any state changes
     with _registry.lock:
         if _registry.running:
             raise RuntimeError("nsq.run() is already running")
@@ -361,17 +394,10 @@ def run() -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             _registry.previous_handlers[sig] = signal.signal(sig, _on_signal)
     try:
-        while not _registry.stop_requested.is_set():
-            readers, _ = _registry.snapshot()
-            wait = 0.5
-            for reader in readers:
-                if not reader._started and not reader._closed:
-                    reader.start()
-                if _overrides(type(reader), "disabled"):
-                    reader._poll_disabled()
-                    wait = min(wait, reader.disabled_poll_interval)
-            if _registry.wake.wait(wait):
-                _registry.wake.clear()
+        if ioloop is not None:
+            _run_ioloop(ioloop)
+        else:
+            _run_threads()
     finally:
         if installed:
             _restore_signal_handlers()
@@ -383,12 +409,68 @@ def run() -> None:
                 _registry.stop_requested.clear()
 
 
+def _run_threads() -> None:
+    """run() without tornado: this thread starts Readers and polls ``disabled()`` hooks."""
+    while not _registry.stop_requested.is_set():
+        wait = _start_and_poll()
+        if _registry.wake.wait(wait):
+            _registry.wake.clear()
+
+
+def _start_and_poll() -> float:
+    """Start the Readers not started yet and poll overridden ``disabled()`` hooks; return the
+    seconds until the next poll is due (0.5 at most)."""
+    readers, _ = _registry.snapshot()
+    wait = 0.5
+    for reader in readers:
+        if not reader._started and not reader._closed:
+            reader.start()
+        if _overrides(type(reader), "disabled"):
+            reader._poll_disabled()
+            wait = min(wait, reader.disabled_poll_interval)
+    return wait
+
+
+def _tick() -> None:
+    """On the IOLoop: what :func:`_run_threads`'s loop does once."""
+    try:
+        _start_and_poll()
+    except Exception:
+        logger.exception("starting a Reader failed")
+
+
+def _run_ioloop(ioloop: Any) -> None:
+    """run() with tornado: run the IOLoop here until it stops (:func:`stop`, a signal, or the
+    program's own ``IOLoop.current().stop()``)."""
+    from tornado.ioloop import PeriodicCallback
+
+    bridge = LoopBridge(ioloop)
+    with _registry.lock:
+        _registry.bridge = bridge
+    poller = PeriodicCallback(_tick, 500)  # milliseconds: disabled() hooks
+    try:
+        if _registry.stop_requested.is_set():
+            return  # stop() before run(): return at once, as IOLoop.stop() before start() did
+        logger.debug("running the tornado IOLoop: handlers and callbacks run on it")
+        ioloop.add_callback(_tick)
+        poller.start()
+        ioloop.start()
+    finally:
+        poller.stop()
+        with _registry.lock:
+            _registry.bridge = None
+        bridge.close()
+
+
 def stop() -> None:
     """Make :func:`run` stop every Reader and Writer and return.  Thread-safe; callable from a
     handler, a callback, a signal handler or any thread.  Called before :func:`run`, it makes
     the next :func:`run` return at once (as tornado's ``IOLoop.stop()`` did)."""
     _registry.stop_requested.set()
     _registry.wake.set()
+    bridge = _registry.bridge
+    if bridge is not None:
+        bridge.stop_soon()
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -577,8 +659,11 @@ class Reader(metaclass=_Registered):
                 return
             self._closed = True
         _registry.remove(self)
-        if threading.get_ident() in self._worker_idents:
-            # The consumer joins its workers on stop: never from one of them.
+        bridge = _registry.bridge
+        on_loop = bridge is not None and bridge.on_loop_thread()
+        if on_loop or threading.get_ident() in self._worker_idents:
+            # The consumer joins its workers on stop: never from one of them, nor from the
+            # IOLoop they wait on.
             self._closer = threading.Thread(
                 target=self._consumer.stop,
                 args=(timeout,),
@@ -692,17 +777,44 @@ class Reader(metaclass=_Registered):
 
     def _on_giving_up(self, message: Message) -> None:
         self._worker_idents.add(threading.get_ident())
+        bridge = _registry.bridge
+        if bridge is not None:
+            try:
+                bridge.call(self.giving_up, message)
+                return
+            except LoopStopped:
+                pass  # run() is ending: the hook still runs, here
         self.giving_up(message)
 
     def _handle_message(self, message: Message) -> None:
-        """The Consumer's handler (on its worker thread): pynsq's message handling."""
+        """The Consumer's handler (on its worker thread): under a tornado :func:`run`, hand the
+        message to the IOLoop and wait; otherwise handle it here."""
         self._worker_idents.add(threading.get_ident())
+        bridge = _registry.bridge
+        if bridge is None:
+            self._process(message, None)
+            return
+        try:
+            bridge.call(self._process, message, bridge)
+        except LoopStopped:
+            # run() is ending and the handler never saw the message: give it back at once.
+            if not message.has_responded():
+                message.requeue(delay=0.0, backoff=False)
+
+    def _process(self, message: Message, bridge: LoopBridge | None) -> None:
+        """pynsq's message handling: validate, run the handler, answer from its result."""
         try:
             if not self.validate_message(self.preprocess_message(message)):
                 if not message.has_responded():
                     message.finish()
                 return
             result = self.process_message(message)
+            if inspect.isawaitable(result) and bridge is not None:
+                # On the IOLoop (pynsq's model): the coroutine runs there, interleaved with
+                # the others; the message is answered when it completes.
+                message.enable_async()
+                bridge.watch(result, functools.partial(_answer, message))
+                return
             if inspect.isawaitable(result):
                 result = _run_awaitable(result)
                 if not message.has_responded():
@@ -787,6 +899,15 @@ def _run_awaitable(awaitable: Any) -> Any:
         return await awaitable
 
     return asyncio.run(wait())
+
+
+def _answer(message: Message, ok: bool) -> None:
+    if message.has_responded():
+        return
+    if ok:
+        message.finish()
+    else:
+        message.requeue()
 
 
 def _answer_from_future(message: Message, future: Future) -> None:
@@ -905,7 +1026,8 @@ class Writer(metaclass=_Registered):
 
     @property
     def callback_thread(self) -> threading.Thread:
-        """The thread every callback of this Writer runs on."""
+        """The thread that runs this Writer's callbacks (hands them to the IOLoop under a
+        tornado :func:`run`)."""
         return self._thread
 
     # ---------------------------------------------------------------- publishing
@@ -1035,6 +1157,13 @@ class Writer(metaclass=_Registered):
                 continue
             if item is _STOP:
                 return
+            bridge = _registry.bridge
+            if bridge is not None:
+                try:
+                    bridge.call(self._run_callback, *item)  # pynsq's model: on the IOLoop
+                    continue
+                except LoopStopped:
+                    pass  # run() is ending: the callback still runs, here, in order
             self._run_callback(*item)
 
     def _run_callback(self, callback: PubCallback, conn: Any, data: Any, outer: Future) -> None:
@@ -1082,65 +1211,80 @@ class Writer(metaclass=_Registered):
         with self._lock:
             self._stop_sent = True
             self._callbacks.put(_STOP)
-        if threading.current_thread() is not self._thread:
+        bridge = _registry.bridge
+        on_loop = bridge is not None and bridge.on_loop_thread()
+        # Not from the callback thread, nor from the IOLoop its callbacks wait on.
+        if threading.current_thread() is not self._thread and not on_loop:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning("[%s] a publish callback still runs after close()", self.name)
 
 
-# ======================================================================== pynsq's encoders
-# pynsq exported its command encoders at top level; these produce the same bytes (with
-# nsqclient's validation: bad names and empty bodies raise ValueError).
+# ============================================================================ LegacyReader
 
-_FRAME_TYPE = struct.Struct(">l")
-
-
-def unpack_response(data: bytes) -> tuple[int, bytes]:
-    """``[4B frame type][data]`` (a frame without its size) -> (frame type, data)."""
-    return _FRAME_TYPE.unpack_from(data, 0)[0], data[4:]
-
-
-def decode_message(data: bytes) -> Message:
-    """A message frame's data -> :class:`Message` (not attached to any connection)."""
-    decoded: DecodedMessage = protocol.decode_message(data)
-    return Message(decoded)
-
-
-def identify(data: dict[str, Any]) -> bytes:
-    return protocol.identify(data)
+#: pynsq's LegacyReader positional order (as its docstring meant it).
+_LEGACY_POSITIONAL = (
+    "all_tasks",
+    "topic",
+    "channel",
+    "nsqd_tcp_addresses",
+    "lookupd_http_addresses",
+    "max_tries",
+    "max_in_flight",
+    "requeue_delay",
+    "lookupd_poll_interval",
+    "low_rdy_idle_timeout",
+    "heartbeat_interval",
+    "max_backoff_duration",
+)
 
 
-def subscribe(topic: str, channel: str) -> bytes:
-    return protocol.sub(topic, channel)
+class LegacyReader:
+    """pynsq's deprecated ``LegacyReader``: one :class:`Reader` per task of ``all_tasks``.
 
+    Args:
+        all_tasks: ``{task name: handler}``.  With one task, its Reader reads ``channel``; with
+            several, task ``t`` reads ``<channel>.<t>``, so each task gets every message.
+        topic, channel: as for :class:`Reader`.
+        **kwargs: any other :class:`Reader` argument, given to every Reader.
 
-def ready(count: int) -> bytes:
-    return protocol.rdy(count)
+    A DeprecationWarning is issued, as pynsq did.  The Readers are in ``self.readers``.
+    """
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        warnings.warn(
+            "LegacyReader is deprecated (as in pynsq): make one Reader per handler",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if len(args) > len(_LEGACY_POSITIONAL):
+            raise TypeError(
+                f"LegacyReader takes at most {len(_LEGACY_POSITIONAL)} positional arguments"
+            )
+        params: dict[str, Any] = dict(zip(_LEGACY_POSITIONAL, args, strict=False))
+        for name, value in kwargs.items():
+            if name in params:
+                raise TypeError(f"LegacyReader() got multiple values for argument {name!r}")
+            params[name] = value
+        try:
+            all_tasks = params.pop("all_tasks")
+            topic = params.pop("topic")
+            channel = params.pop("channel")
+        except KeyError as exc:
+            raise TypeError(f"LegacyReader() missing required argument {exc.args[0]!r}") from None
+        if not isinstance(all_tasks, dict) or not all_tasks:
+            raise TypeError("all_tasks must be a non-empty dict of {task name: handler}")
+        for task, handler in all_tasks.items():
+            if not callable(handler):
+                raise TypeError(f"task {task!r} must have a callable handler, not {handler!r}")
+        self.readers: list[Reader] = []
+        for task, handler in all_tasks.items():
+            task_channel = channel if len(all_tasks) == 1 else f"{channel}.{task}"
+            self.readers.append(
+                Reader(topic=topic, channel=task_channel, message_handler=handler, **params)
+            )
 
-def finish(id: bytes | str) -> bytes:  # noqa: A002 - pynsq's argument name
-    return protocol.fin(id)
-
-
-def touch(id: bytes | str) -> bytes:  # noqa: A002
-    return protocol.touch(id)
-
-
-def requeue(id: bytes | str, time_ms: int = 0) -> bytes:  # noqa: A002
-    return protocol.req(id, time_ms)
-
-
-def nop() -> bytes:
-    return protocol.nop()
-
-
-def pub(topic: str, data: bytes) -> bytes:
-    return protocol.pub(topic, data)
-
-
-def mpub(topic: str, data: Sequence[bytes]) -> bytes:
-    return protocol.mpub(topic, data)
-
-
-def dpub(topic: str, delay_ms: int, data: bytes) -> bytes:
-    return protocol.dpub(topic, delay_ms, data)
+    def close(self, timeout: float = 30.0) -> None:
+        """Close every Reader (not pynsq API)."""
+        for reader in self.readers:
+            reader.close(timeout)

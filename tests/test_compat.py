@@ -79,7 +79,10 @@ class Runner:
 
     def _run(self):
         try:
-            compat.run()
+            # Threads mode, explicitly: this process may have imported tornado (pynsq's own
+            # modules are imported for byte comparisons), which would make run() choose the
+            # IOLoop.  The tornado mode is tested in test_pynsq_tornado.py, in subprocesses.
+            compat.run(tornado=False)
         except BaseException as exc:  # reported by join()
             self.error = exc
 
