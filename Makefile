@@ -17,7 +17,9 @@ $(STAMP): setup.cfg setup.py
 # so that frame reassembly is tested on every read boundary.  Skipped against real binaries.
 SPLIT_WRITES_TESTS := tests/test_consumer.py tests/test_consumer_faults.py \
 	tests/test_consumer_scale.py tests/test_producer.py tests/test_producer_wsgi.py \
-	tests/test_conn.py tests/test_conn_writes.py tests/test_compat.py
+	tests/test_conn.py tests/test_conn_writes.py tests/test_compat.py \
+	tests/test_consumer_resilience.py tests/test_producer_lifecycle.py \
+	tests/test_conn_caller_reads.py tests/test_request_future.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -45,14 +45,4 @@ nitpick_ignore = [
         "ValueError",
         "NamedTuple",
     )
-] + [
-    # Docstrings of conn.py, producer.py and protocol.py (not this branch's to edit) that
-    # napoleon or the py domain cannot read; the fixes are in the branch's closing note:
-    ("py:exc", "ValueError / TypeError"),  # Producer.pub: two exceptions on one line
-    ("py:exc", "how many.  They stay in flight"),  # Producer.flush: an unindented continuation
-    ("py:exc", "a subclass"),  # Connection.connect: prose where an exception type goes
-    ("py:exc", "OSError when the connection cannot be made.  Nothing is left"),
-    ("py:exc", "open on failure."),
-    ("py:meth", "stats"),  # Connection.request: stats is a property (:attr:)
-    ("py:class", "ProtocolError"),  # FrameReader: nsqclient.errors.ProtocolError
 ]

@@ -355,9 +355,11 @@ class Connection:
         value, bounds both together when it comes first (a publish's own timeout).
 
         Raises:
-            NSQError (or a subclass: ServerError, AuthRequiredError, ProtocolError,
-            NSQTimeoutError) or OSError when the connection cannot be made.  Nothing is left
-            open on failure.
+            NSQError: nsqd refused or broke the handshake (a subclass says how:
+                ServerError, AuthRequiredError, ProtocolError, NSQTimeoutError).
+            OSError: the connection cannot be made.
+
+        Nothing is left open on failure.
         """
         if self.state is not ConnectionState.INIT:
             raise NSQError(f"connect() called on a connection in state {self.state.value}")
@@ -594,7 +596,7 @@ class Connection:
     ) -> Future | Waiter:
         """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future
         (``future`` if given: a fresh Future or :class:`Waiter`).  ``messages``: how many
-        messages the command publishes, for :meth:`stats`.
+        messages the command publishes, for :meth:`~nsqclient.conn.Connection.stats`.
 
         The Future's result is the response bytes (``b"OK"``, the 30-byte traced reply...), or
         it fails with the ServerError nsqd sent, or ConnectionClosedError when the connection
@@ -971,6 +973,10 @@ class Connection:
     # ---------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
+        """This connection's figures: ``address``, ``state``, ``rdy``, ``in_flight``,
+        ``messages_received``, ``messages_sent``, ``pending_requests``, ``bytes_in``,
+        ``bytes_out`` (raw socket bytes), ``tls`` (version or None), ``compression`` and
+        ``max_rdy_count``."""
         t = self._transport
         return {
             "address": self.address,

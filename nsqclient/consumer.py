@@ -282,9 +282,10 @@ class Consumer:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop: CLS every connection (nsqd sends nothing more), stop discovery and reconnects,
-        let handlers finish the messages already received (up to ``timeout`` seconds; what is
-        still waiting then is requeued at once, and a handler still running is left to nsqd's
-        msg_timeout), close every connection and join every thread.
+        let handlers finish the messages already received, and wait for the messages taken
+        over with ``enable_async()`` to be answered (up to ``timeout`` seconds in all; what is
+        still waiting for a handler then is requeued at once, and a message a handler still
+        holds is left to nsqd's msg_timeout), close every connection and join every thread.
 
         Safe from any thread, a handler or a connection hook included (that thread is not
         waited for), and from several threads at once (one stops, the others wait for it)."""
@@ -326,11 +327,12 @@ class Consumer:
                 fut.exception(timeout=max(deadline - time.monotonic(), 0.01))
             except TimeoutError:
                 pass
-        # Let the workers drain what was received (a handler calling stop() is one of them).
+        # Let the workers drain what was received (a handler calling stop() is one of them),
+        # and wait for messages taken over with enable_async() to be answered too.
         own = self._workers.index(current) if current in self._workers else -1
         while time.monotonic() < deadline and not self._force_stop.is_set():
             busy = any(b for i, b in enumerate(self._busy) if i != own)
-            if not busy and not self._work:
+            if not busy and not self._work and self._unanswered(own) == 0:
                 break
             self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
         forced = self._force_stop.is_set()
@@ -354,6 +356,15 @@ class Consumer:
             lookupd.close()
         self._drain_events()
         self._stopped.set()
+
+    def _unanswered(self, own: int) -> int:
+        """Messages received and not yet answered, but for the one the worker ``own`` (the
+        thread stopping the consumer) is handling."""
+        count = self._in_flight()
+        mine = self._current[own] if own >= 0 else None
+        if mine is not None and not mine._responded:
+            count -= 1
+        return count
 
     def _requeue_running(self, own: int) -> None:
         """Forced stop: hand back the messages handlers are still working on (what those

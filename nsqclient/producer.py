@@ -164,7 +164,8 @@ class Producer:
             timeout: seconds to wait for the answer (default: the ``pub_timeout`` option).
 
         Raises:
-            ValueError / TypeError: bad topic or body, before anything is sent.
+            ValueError: bad topic or body, before anything is sent.
+            TypeError: a body of the wrong type, before anything is sent.
             ServerError: nsqd refused it (e.g. BadMessageError when too big).
             ConnectionClosedError: no nsqd could be reached, or the connection died.
             NSQTimeoutError: no answer within ``timeout`` (the outcome is unknown).
@@ -200,7 +201,7 @@ class Producer:
 
         Raises:
             NSQTimeoutError: some publishes were still unanswered after ``timeout``; it says
-            how many.  They stay in flight: their futures resolve later.
+                how many.  They stay in flight: their futures resolve later.
         """
         timeout = self.config.pub_timeout if timeout is None else timeout
         unanswered, _ = self._wait_answered(time.monotonic() + timeout)

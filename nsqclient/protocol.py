@@ -378,8 +378,9 @@ class FrameReader:
     """Incremental frame parser: ``feed()`` any chunk of the stream, get complete frames back.
 
     It never buffers more than one maximum-size frame plus the bytes of the current chunk, and
-    raises :class:`ProtocolError` (and only that) on a stream that is not NSQ: a size below 4, a
-    size above ``max_frame_size``, an unknown frame type, or an HTTP reply where a size should be.
+    raises :class:`~nsqclient.errors.ProtocolError` (and only that) on a stream that is not
+    NSQ: a size below 4, a size above ``max_frame_size``, an unknown frame type, or an HTTP
+    reply where a size should be.
     When the peer is plainly not an nsqd (an HTTP server, nsqlookupd's TCP port, anything that
     answers in text) the error says so and quotes what it sent.  ``peer`` (``"host:port"``) names
     it in those messages.  After an error the reader is broken; the connection must be closed.

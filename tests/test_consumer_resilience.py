@@ -265,3 +265,32 @@ def test_stop_from_a_hook_before_start_has_started_every_thread(nsqd, consumers,
     wait_for(lambda: outcome, TIMEOUT)
     assert outcome == [None]
     assert not consumer.is_running
+
+
+def test_stop_waits_for_messages_taken_over_with_enable_async(nsqd, consumers):
+    node = nsqd.nsqd
+    held: list[Message] = []
+
+    def handler(message: Message) -> None:
+        message.enable_async()
+        held.append(message)
+
+    c = consumers(
+        "c_async_stop", "ch", handler, nsqd_tcp_addresses=node.tcp_address, max_in_flight=10
+    )
+    publish(node, "c_async_stop", [b"%d" % i for i in range(5)])
+    wait_for(lambda: len(held) == 5, TIMEOUT)
+    stopper = threading.Thread(target=c.stop, kwargs={"timeout": TIMEOUT * 2})
+    stopper.start()
+    wait_for(lambda: c._stopping.is_set(), TIMEOUT)
+    # stop() is under way and must keep the connection open while the batch is held.
+    [conn] = c.connections()
+    assert not conn.wait_closed(0.5), "stop() closed the connection under held messages"
+    assert stopper.is_alive()
+    for message in held:
+        message.finish()
+    stopper.join(TIMEOUT)
+    assert not stopper.is_alive()
+    assert c.stats()["finished"] == 5
+    stats = wait_drained(node, "c_async_stop", "ch")
+    assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
