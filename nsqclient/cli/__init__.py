@@ -12,7 +12,3 @@ Exit statuses: 0 success (and a clean stop on SIGINT/SIGTERM for ``tail``, ``sta
 """
 
 from __future__ import annotations
-
-from .main import main
-
-__all__ = ["main"]

@@ -287,7 +287,9 @@ def user_agent(tool: str) -> str:
 
 
 def setup_logging(level: str) -> None:
-    """Log records (ours and the client's) go to stderr at ``level``."""
+    """Log records (ours and the client's) go to stderr at ``level`` (unless the process has
+    configured logging already, as a test runner calling :func:`~nsqclient.cli.main.main`
+    in-process has)."""
     levels = {
         "debug": logging.DEBUG,
         "info": logging.INFO,
@@ -297,7 +299,6 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=levels[level],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        force=True,
     )
 
 

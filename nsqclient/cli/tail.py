@@ -190,9 +190,9 @@ class Printer:
         message.finish()
 
     def stop(self) -> None:
-        """Print nothing more: later messages are requeued."""
-        with self._lock:
-            self.done.set()
+        """Print nothing more: later messages are requeued.  (No lock: a handler blocked in a
+        write to a full pipe holds it.)"""
+        self.done.set()
 
 
 def run(args: argparse.Namespace) -> int:

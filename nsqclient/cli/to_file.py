@@ -204,7 +204,9 @@ class OutputFile:
     def __init__(self, path: str, exclusive: bool, gzip_level: int | None):
         self.path = path
         self.gzip_level = gzip_level
-        self._raw: BinaryIO = open(path, "xb" if exclusive else "ab")  # noqa: SIM115
+        # Unbuffered: each plain message is one write(2), so a killed process leaves whole
+        # lines (a power cut may still cut the last one; see below).
+        self._raw: BinaryIO = open(path, "xb" if exclusive else "ab", buffering=0)  # noqa: SIM115
         self._gz: gzip.GzipFile | None = None
         end = self._raw.seek(0, os.SEEK_END)
         if end and gzip_level is None:
@@ -212,12 +214,20 @@ class OutputFile:
             with open(path, "rb") as f:
                 f.seek(end - 1)
                 if f.read(1) != b"\n":
-                    self._raw.write(b"\n")
+                    self._write_all(b"\n")
 
     @property
     def size(self) -> int:
         """Bytes written to the file (for gzip: compressed bytes, up to zlib's buffer)."""
         return self._raw.tell()
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = self._raw.write(view)
+            if not written:
+                raise OSError(f"cannot write to {self.path}")
+            view = view[written:]
 
     def write(self, data: bytes) -> None:
         if self.gzip_level is not None:
@@ -227,14 +237,13 @@ class OutputFile:
                 )
             self._gz.write(data)
         else:
-            self._raw.write(data)
+            self._write_all(data)
 
     def sync(self) -> None:
         """Make everything written so far durable."""
         if self._gz is not None:
             self._gz.close()  # ends the member; leaves the file open
             self._gz = None
-        self._raw.flush()
         os.fsync(self._raw.fileno())
 
     def close(self) -> None:
