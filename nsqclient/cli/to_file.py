@@ -11,7 +11,8 @@ members up to the last sync.
 
 File names come from ``--filename-format`` (``<TOPIC>``, ``<HOST>``, ``<PID>``, ``<DATETIME>``,
 ``<REV>``), as with ``nsq_to_file``.  A file is rotated when ``<DATETIME>`` changes, after
-``--rotate-interval``, or when it grows past ``--rotate-size`` bytes; ``<REV>`` (``-000000``,
+``--rotate-interval``, or when it grows past ``--rotate-size`` bytes (with gzip, the bytes before
+compression, as ``nsq_to_file`` counts them); ``<REV>`` (``-000000``,
 ``-000001``...) keeps names unique and is required with gzip or rotation.  Without them the same
 file is appended to across restarts.
 """
@@ -209,17 +210,14 @@ class OutputFile:
         self._raw: BinaryIO = open(path, "xb" if exclusive else "ab", buffering=0)  # noqa: SIM115
         self._gz: gzip.GzipFile | None = None
         end = self._raw.seek(0, os.SEEK_END)
+        #: the size at opening plus the (uncompressed) bytes written since, as nsq_to_file counts
+        self.size = end
         if end and gzip_level is None:
             # A crash may have cut the last line; never glue the next one onto it.
             with open(path, "rb") as f:
                 f.seek(end - 1)
                 if f.read(1) != b"\n":
                     self._write_all(b"\n")
-
-    @property
-    def size(self) -> int:
-        """Bytes written to the file (for gzip: compressed bytes, up to zlib's buffer)."""
-        return self._raw.tell()
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -230,6 +228,7 @@ class OutputFile:
             view = view[written:]
 
     def write(self, data: bytes) -> None:
+        self.size += len(data)
         if self.gzip_level is not None:
             if self._gz is None:
                 self._gz = gzip.GzipFile(
