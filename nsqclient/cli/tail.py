@@ -207,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     options = client_options(
         args.client_options,
         max_in_flight=max_in_flight,
+        max_tries=0,  # print every message, however often it was delivered before
         user_agent=user_agent("tail"),
     )
     timeout = float(options.get("dial_timeout", 1.0)) + 1.0
