@@ -1,0 +1,427 @@
+"""What the subcommands share: flag types, address flags, option passthrough, signals, checks.
+
+Nothing here writes to stdout; errors meant for the user are raised as :class:`CLIError`
+(exit status 1) or :class:`UsageError` (exit status 2) and printed by :mod:`.main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import signal
+import socket
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from .. import __version__
+from ..config import OPTIONS, Config
+from ..errors import HTTPError
+from ..http import LookupdClient, TopicNotFoundError
+from ..protocol import valid_channel_name, valid_topic_name
+
+__all__ = [
+    "CLIError",
+    "UsageError",
+    "parse_duration",
+    "positive_duration",
+    "non_negative_duration",
+    "positive_int",
+    "non_negative_int",
+    "parse_size",
+    "topic_name",
+    "channel_name",
+    "add_nsqd_tcp_flag",
+    "add_lookupd_flag",
+    "add_log_level_flag",
+    "add_options_flag",
+    "client_options",
+    "user_agent",
+    "setup_logging",
+    "StopSignals",
+    "check_nsqd_reachable",
+    "check_lookupd_reachable",
+    "check_sources",
+    "describe_error",
+    "tcp_address",
+    "go_style_flags",
+]
+
+logger = logging.getLogger("nsqclient.cli.common")
+
+
+class CLIError(Exception):
+    """A failure to report on stderr with exit status 1 (no traceback)."""
+
+    exit_status = 1
+
+
+class UsageError(CLIError):
+    """A bad combination of flags found after parsing: reported with exit status 2."""
+
+    exit_status = 2
+
+
+# ------------------------------------------------------------------------------ flag types
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go duration (``"2s"``, ``"1m30s"``, ``"250ms"``) or a plain number of
+    seconds (``"2"``, ``"0.5"``).  Raises :class:`argparse.ArgumentTypeError` otherwise."""
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
+        return value
+    body = text[1:] if text[:1] in "+-" else text
+    pos = 0
+    total = 0.0
+    while pos < len(body):
+        match = _DURATION_PART.match(body, pos)
+        if match is None:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if not body or pos != len(body):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r} (use seconds like 2.5, or Go's form like 2s, 500ms, 1m30s)"
+        )
+    return -total if text.startswith("-") else total
+
+
+def positive_duration(text: str) -> float:
+    """A duration that must be > 0."""
+    value = parse_duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text!r}")
+    return value
+
+
+def non_negative_duration(text: str) -> float:
+    """A duration that must be >= 0 (0 usually means disabled)."""
+    value = parse_duration(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer > 0."""
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text!r}")
+    return value
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"1048576"`` or ``"512k"``, ``"100M"``, ``"1GiB"`` (powers of 1024)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (bytes, or like 512k, 100M, 1G)")
+    scale = 1024 ** " kmgt".index(match.group(2).lower() or " ")
+    return int(match.group(1)) * scale
+
+
+def topic_name(text: str) -> str:
+    """A valid NSQ topic name."""
+    if not valid_topic_name(text):
+        raise argparse.ArgumentTypeError(
+            f"invalid topic name {text!r}: 1-64 characters of [.a-zA-Z0-9_-], "
+            "optionally ending in #ephemeral"
+        )
+    return text
+
+
+def channel_name(text: str) -> str:
+    """A valid NSQ channel name."""
+    if not valid_channel_name(text):
+        raise argparse.ArgumentTypeError(
+            f"invalid channel name {text!r}: 1-64 characters of [.a-zA-Z0-9_-], "
+            "optionally ending in #ephemeral"
+        )
+    return text
+
+
+def tcp_address(text: str) -> str:
+    """``host:port`` with a numeric port (IPv6 hosts in brackets)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}: expected host:port")
+    return text.strip()
+
+
+# ------------------------------------------------------------------------------ common flags
+
+
+def add_nsqd_tcp_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "--nsqd-tcp-address",
+        dest="nsqd_tcp_addresses",
+        action="append",
+        default=[],
+        type=tcp_address,
+        metavar="HOST:PORT",
+        help=help_text + " (may be given multiple times)",
+    )
+
+
+def add_lookupd_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lookupd-http-address",
+        dest="lookupd_http_addresses",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="nsqlookupd HTTP address to discover nsqd from (may be given multiple times)",
+    )
+
+
+def add_log_level_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="warn",
+        choices=["debug", "info", "warn", "error"],
+        help="verbosity of the log on stderr (default: warn)",
+    )
+
+
+def add_options_flag(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+    parser.add_argument(
+        flag,
+        dest="client_options",
+        action="append",
+        default=[],
+        metavar="NAME,VALUE",
+        help=f"an nsqclient {what} option (see nsqclient.config, e.g. tls_v1,true or "
+        "msg_timeout,30s or snappy=true); may be given multiple times",
+    )
+
+
+def _option_value(name: str, text: str) -> Any:
+    opt = OPTIONS[name]
+    kinds = opt.kind if isinstance(opt.kind, tuple) else (opt.kind,)
+    if opt.nullable and text.lower() in ("", "none", "null"):
+        return None
+    if bool in kinds:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"option {name}: expected true or false, not {text!r}")
+    if float in kinds:
+        try:
+            return parse_duration(text)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"option {name}: {exc}") from None
+    if int in kinds:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise UsageError(f"option {name}: expected an integer, not {text!r}") from None
+    return text
+
+
+def client_options(pairs: Sequence[str], **defaults: Any) -> dict[str, Any]:
+    """Options for Consumer/Producer from ``NAME,VALUE`` (go-nsq's form) or ``NAME=VALUE``
+    strings, over ``defaults``; validated with :class:`~nsqclient.config.Config` so that a bad
+    name or value is a usage error naming it."""
+    options = dict(defaults)
+    for pair in pairs:
+        match = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*[,=](.*)$", pair, re.S)
+        if match is None:
+            raise UsageError(f"option {pair!r}: expected NAME,VALUE or NAME=VALUE")
+        name = match.group(1).replace("-", "_")
+        if name not in OPTIONS:
+            try:
+                Config(**{name: None})
+            except TypeError as exc:
+                raise UsageError(str(exc)) from None
+        options[name] = _option_value(name, match.group(2).strip())
+    try:
+        Config(**options)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    return options
+
+
+def user_agent(tool: str) -> str:
+    return f"nsqclient-{tool}/{__version__}"
+
+
+def setup_logging(level: str) -> None:
+    """Log records (ours and the client's) go to stderr at ``level`` (unless the process has
+    configured logging already, as a test runner calling :func:`~nsqclient.cli.main.main`
+    in-process has)."""
+    levels = {
+        "debug": logging.DEBUG,
+        "info": logging.INFO,
+        "warn": logging.WARNING,
+        "error": logging.ERROR,
+    }
+    logging.basicConfig(
+        level=levels[level],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+# ------------------------------------------------------------------------------ Go-style flags
+
+
+def go_style_flags(argv: Sequence[str], long_options: set[str]) -> list[str]:
+    """Rewrite Go's single-dash long flags (``-topic=x``, ``-print-topic``) as ``--topic=x``,
+    ``--print-topic`` when they name one of ``long_options`` (given with their ``--``), so that
+    a command line written for the Go tools works as it is.  Stops at ``--``."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
+            name = "-" + arg.split("=", 1)[0]
+            if name in long_options:
+                arg = "-" + arg
+        out.append(arg)
+    return out
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+class StopSignals:
+    """While active (a context manager, in the main thread), SIGINT and SIGTERM set
+    :attr:`event` and record :attr:`signum` instead of raising KeyboardInterrupt, so that the
+    tool stops at a point of its choosing.  A second signal falls back to the default
+    behaviour (an impatient user can still kill a tool stuck in a stop)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+        self.event.set()
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def describe_error(exc: BaseException) -> str:
+    """A short text for ``exc``: for a transport failure under an HTTPError (status 0), the
+    operating system's reason (``Connection refused``) rather than the whole chain."""
+    if isinstance(exc, HTTPError) and exc.status == 0:
+        seen: set[int] = set()
+        cause: BaseException | None = exc
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            if isinstance(cause, OSError) and cause.strerror:
+                return cause.strerror
+            if isinstance(cause, TimeoutError) or "timed out" in str(cause).lower():
+                return "timed out"
+            cause = cause.__cause__ or cause.__context__
+    return str(exc)
+
+
+# ------------------------------------------------------------------------------ preflight
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def check_nsqd_reachable(addresses: Sequence[str], timeout: float) -> None:
+    """Raise CLIError when none of the nsqd TCP ``addresses`` accepts a connection (each that
+    does not is named).  The consumer itself would keep retrying quietly: a tool started
+    against a wrong address should say so and exit instead."""
+    failures = []
+    for address in addresses:
+        try:
+            with socket.create_connection(_split_host_port(address), timeout=timeout):
+                return
+        except OSError as exc:
+            failures.append(f"{address}: {exc.strerror or exc}")
+    if failures:
+        raise CLIError("cannot connect to nsqd " + "; ".join(failures))
+
+
+def check_lookupd_reachable(addresses: Sequence[str], topic: str, timeout: float) -> None:
+    """Raise CLIError when no nsqlookupd in ``addresses`` answers a lookup of ``topic`` (an
+    unknown topic is an answer: nsqd may create it later)."""
+    failures = []
+    for address in addresses:
+        try:
+            with LookupdClient(address, timeout=timeout) as lookupd:
+                lookupd.lookup(topic)
+            return
+        except TopicNotFoundError:
+            return
+        except (HTTPError, ValueError) as exc:
+            failures.append(f"{address}: {describe_error(exc)}")
+    if failures:
+        raise CLIError("cannot query nsqlookupd " + "; ".join(failures))
+
+
+def check_sources(args: argparse.Namespace) -> None:
+    """The consuming tools need --nsqd-tcp-address or --lookupd-http-address."""
+    if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
+        raise UsageError("--nsqd-tcp-address or --lookupd-http-address required")
+    for address in args.lookupd_http_addresses:
+        try:
+            LookupdClient(address).close()
+        except ValueError as exc:
+            raise UsageError(f"--lookupd-http-address: {exc}") from None

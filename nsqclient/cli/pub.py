@@ -1,0 +1,263 @@
+"""``nsqclient pub``: publish lines of stdin or a file to a topic (like Go's ``to_nsq``).
+
+The input is split on ``--delimiter`` (a newline by default); the delimiter is not part of
+the message and empty records are skipped (nsqd refuses empty bodies).  Records read together
+are sent as one MPUB of up to ``--batch-size`` messages, so a pipe is published in large
+batches while a line typed on a terminal goes out at once.  As with ``to_nsq``, every message
+goes to each ``--nsqd-tcp-address``.  The first publish that fails stops the tool (exit 1).
+A summary goes to stderr at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import NSQError
+from ..producer import Producer
+from .common import (
+    CLIError,
+    StopSignals,
+    UsageError,
+    add_log_level_flag,
+    add_nsqd_tcp_flag,
+    add_options_flag,
+    client_options,
+    non_negative_int,
+    positive_int,
+    setup_logging,
+    topic_name,
+    user_agent,
+)
+
+__all__ = ["add_parser", "run", "parse_delimiter", "split_records", "batches", "Pacer"]
+
+logger = logging.getLogger("nsqclient.cli.pub")
+
+#: Bytes of message bodies in one MPUB at most (nsqd refuses an MPUB over --max-body-size,
+#: 5 MiB by default; a single message over --max-msg-size, 1 MiB by default, fails anyway).
+MAX_BATCH_BYTES = 1024 * 1024
+_READ_SIZE = 64 * 1024
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "pub",
+        help="publish lines of stdin or a file to a topic",
+        description="Publish stdin (or FILE), one message per line, to a topic.",
+    )
+    p.add_argument("file", nargs="?", default="-", help="file to read (default: stdin)")
+    p.add_argument("--topic", type=topic_name, required=True, help="NSQ topic to publish to")
+    add_nsqd_tcp_flag(p, "destination nsqd TCP address, each message goes to every one")
+    p.add_argument(
+        "--delimiter",
+        default="\n",
+        help="the single byte that ends a message (default: newline); escapes such as \\t, "
+        "\\0 or \\x1e are understood",
+    )
+    p.add_argument(
+        "--rate",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="publish at most N messages a second; 0: as fast as possible (default)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=200,
+        metavar="N",
+        help="messages in one MPUB at most; 1 publishes each with PUB (default: 200)",
+    )
+    add_options_flag(p, "--producer-opt", "Producer")
+    add_log_level_flag(p)
+    p.set_defaults(run=run, subparser=p)
+    return p
+
+
+def parse_delimiter(text: str) -> bytes:
+    """The delimiter byte from a one-character string or an escape (``\\t``, ``\\0``,
+    ``\\x1e``).  Raises UsageError for anything that is not exactly one byte."""
+    value = text
+    if len(text) > 1 and text.startswith("\\"):
+        try:
+            value = codecs.decode(text, "unicode_escape")
+        except UnicodeDecodeError:
+            value = text
+    if len(value) != 1 or ord(value) > 255:
+        raise UsageError(f"--delimiter must be a single byte, not {text!r}")
+    return value.encode("latin-1")
+
+
+def split_records(chunks: Iterator[bytes], delimiter: bytes) -> Iterator[list[bytes]]:
+    """The records of a stream of chunks, in lists of those completed by each chunk (the
+    last record may lack its delimiter).  Empty records are kept (the caller counts them)."""
+    pending = bytearray()
+    for chunk in chunks:
+        pending.extend(chunk)
+        end = pending.rfind(delimiter)
+        if end < 0:
+            continue
+        complete = bytes(pending[:end])
+        del pending[: end + 1]
+        yield complete.split(delimiter)
+    if pending:
+        yield [bytes(pending)]
+
+
+def batches(
+    records: list[bytes], size: int, max_bytes: int = MAX_BATCH_BYTES
+) -> Iterator[list[bytes]]:
+    """``records`` cut into lists of at most ``size`` records and ``max_bytes`` of bodies
+    (a single larger record makes a list by itself)."""
+    batch: list[bytes] = []
+    total = 0
+    for record in records:
+        if batch and (len(batch) >= size or total + len(record) > max_bytes):
+            yield batch
+            batch, total = [], 0
+        batch.append(record)
+        total += len(record)
+    if batch:
+        yield batch
+
+
+class Pacer:
+    """Holds publishing to ``rate`` messages a second: message number i (from 0) is not sent
+    before ``start + i / rate``.  ``rate`` 0 never waits."""
+
+    def __init__(self, rate: int, stop: threading.Event, clock: Any = time.monotonic):
+        self.rate = rate
+        self.stop = stop
+        self.clock = clock
+        self.start = clock()
+
+    def batch_limit(self, batch_size: int) -> int:
+        """Messages per batch so that batches go out at least ten times a second."""
+        if not self.rate:
+            return batch_size
+        return max(1, min(batch_size, self.rate // 10))
+
+    def wait(self, sent: int) -> bool:
+        """Wait until message number ``sent`` may go; False when stopped meanwhile."""
+        if not self.rate:
+            return not self.stop.is_set()
+        due = self.start + sent / self.rate
+        delay = due - self.clock()
+        if delay > 0:
+            return not self.stop.wait(delay)
+        return not self.stop.is_set()
+
+
+def _read_chunks(fd: int, stop: threading.Event) -> Iterator[bytes]:
+    """Chunks read from ``fd`` until its end or ``stop`` (checked at least twice a second
+    while the input is idle)."""
+    while not stop.is_set():
+        try:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+        except (OSError, ValueError):
+            ready = [fd]  # not selectable (rare): read and block
+        if not ready:
+            continue
+        chunk = os.read(fd, _READ_SIZE)
+        if not chunk:
+            return
+        yield chunk
+
+
+class _Summary:
+    def __init__(self) -> None:
+        self.published = 0
+        self.failed = 0
+        self.skipped = 0
+        self.started = time.monotonic()
+        self.error: str | None = None
+
+    def line(self, topic: str, nsqd_count: int, interrupted: str | None) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.published / elapsed
+        text = (
+            f"nsqclient pub: published {self.published} messages to {topic!r} "
+            f"({nsqd_count} nsqd) in {elapsed:.2f}s, {rate:.0f} msgs/s; "
+            f"failed {self.failed}, empty skipped {self.skipped}"
+        )
+        if interrupted:
+            text += f"; stopped by {interrupted} before the end of the input"
+        return text
+
+
+def _publish(producers: list[Producer], topic: str, batch: list[bytes]) -> str | None:
+    """Publish ``batch`` to every producer; the error text of the first failure, or None."""
+    for producer in producers:
+        try:
+            if len(batch) == 1:
+                producer.pub(topic, batch[0])
+            else:
+                producer.mpub(topic, batch)
+        except (NSQError, OSError) as exc:
+            where = ", ".join(str(s["address"]) for s in producer.stats())
+            return f"publishing to nsqd {where} failed: {exc}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    if not args.nsqd_tcp_addresses:
+        raise UsageError("--nsqd-tcp-address required")
+    delimiter = parse_delimiter(args.delimiter)
+    options = client_options(args.client_options, user_agent=user_agent("pub"))
+    if args.file == "-":
+        fd = sys.stdin.fileno()
+        close_fd = False
+    else:
+        try:
+            fd = os.open(args.file, os.O_RDONLY)
+        except OSError as exc:
+            raise CLIError(f"cannot read {args.file}: {exc.strerror}") from None
+        close_fd = True
+
+    addresses = list(dict.fromkeys(args.nsqd_tcp_addresses))
+    producers = [Producer(address, **options) for address in addresses]
+    summary = _Summary()
+    signals = StopSignals()
+    try:
+        with signals:
+            pacer = Pacer(args.rate, signals.event)
+            limit = pacer.batch_limit(args.batch_size)
+            for records in split_records(_read_chunks(fd, signals.event), delimiter):
+                bodies = [r for r in records if r]
+                summary.skipped += len(records) - len(bodies)
+                for batch in batches(bodies, limit):
+                    if not pacer.wait(summary.published):
+                        break
+                    error = _publish(producers, args.topic, batch)
+                    if error is not None:
+                        summary.failed += len(batch)
+                        summary.error = error
+                        break
+                    summary.published += len(batch)
+                if summary.error or signals.event.is_set():
+                    break
+    finally:
+        for producer in producers:
+            producer.close()
+        if close_fd:
+            os.close(fd)
+    interrupted = signal.Signals(signals.signum).name if signals.signum else None
+    if summary.error:
+        print(f"nsqclient pub: error: {summary.error}", file=sys.stderr)
+    print(summary.line(args.topic, len(producers), interrupted), file=sys.stderr)
+    if summary.error:
+        return 1
+    if signals.signum:
+        return 128 + signals.signum
+    return 0

@@ -1,0 +1,533 @@
+"""``nsqclient to-file``: archive topics to files (like Go's ``nsq_to_file``).
+
+Each message body is written to the topic's current file followed by a newline.  Messages are
+finished (FIN) only after the data is flushed and fsynced: when ``--max-in-flight`` messages are
+waiting, when the consumer is starved (nsqd will send no more until some are answered), when
+the oldest unsynced message is ``--sync-interval`` old, before a rotation, and at exit.  A crash
+(even SIGKILL or a power cut) therefore loses nothing: what was not synced was not finished,
+and nsqd delivers it again (possibly after having been written: duplicates are possible, loss
+is not).  With ``--gzip`` each sync ends a gzip member, so a file is a valid concatenation of
+members up to the last sync.
+
+File names come from ``--filename-format`` (``<TOPIC>``, ``<HOST>``, ``<PID>``, ``<DATETIME>``,
+``<REV>``), as with ``nsq_to_file``.  A file is rotated when ``<DATETIME>`` changes, after
+``--rotate-interval``, or when it grows past ``--rotate-size`` bytes (with gzip, the bytes before
+compression, as ``nsq_to_file`` counts them); ``<REV>`` (``-000000``,
+``-000001``...) keeps names unique and is required with gzip or rotation.  Without them the same
+file is appended to across restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from typing import Any, BinaryIO
+
+from ..consumer import Consumer
+from ..message import Message
+from .common import (
+    CLIError,
+    StopSignals,
+    UsageError,
+    add_log_level_flag,
+    add_lookupd_flag,
+    add_nsqd_tcp_flag,
+    add_options_flag,
+    channel_name,
+    check_lookupd_reachable,
+    check_nsqd_reachable,
+    check_sources,
+    client_options,
+    non_negative_duration,
+    parse_size,
+    positive_duration,
+    positive_int,
+    setup_logging,
+    topic_name,
+    user_agent,
+)
+
+__all__ = ["add_parser", "run", "filename_format", "OutputFile", "TopicArchiver"]
+
+logger = logging.getLogger("nsqclient.cli.to_file")
+
+_WAKE = object()
+#: nsqd's default --msg-timeout, seconds
+_NSQD_MSG_TIMEOUT = 60.0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "to-file",
+        help="archive topics to files, finishing messages only once they are on disk",
+        description="Write the messages of one or more topics to files in a directory, one "
+        "message a line; a message is finished only after its line is fsynced.",
+    )
+    p.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        type=topic_name,
+        required=True,
+        metavar="TOPIC",
+        help="NSQ topic (may be given multiple times)",
+    )
+    p.add_argument(
+        "--channel",
+        type=channel_name,
+        default="nsq_to_file",
+        help="NSQ channel (default: nsq_to_file)",
+    )
+    add_nsqd_tcp_flag(p, "nsqd TCP address")
+    add_lookupd_flag(p)
+    p.add_argument(
+        "--output-dir", default="/tmp", help="directory to write files to (default: /tmp)"
+    )
+    p.add_argument(
+        "--filename-format",
+        default="<TOPIC>.<HOST><REV>.<DATETIME>.log",
+        help="file name: <TOPIC>, <HOST>, <PID>, <DATETIME> and <REV> are replaced; may hold "
+        "subdirectories (default: <TOPIC>.<HOST><REV>.<DATETIME>.log)",
+    )
+    p.add_argument(
+        "--datetime-format",
+        default="%Y-%m-%d_%H",
+        help="strftime format of <DATETIME>, local time (default: %%Y-%%m-%%d_%%H)",
+    )
+    p.add_argument(
+        "--host-identifier",
+        default="",
+        help="<HOST> in file names instead of the short host name; <SHORT_HOST> and "
+        "<HOSTNAME> are replaced in it",
+    )
+    p.add_argument(
+        "--rotate-interval",
+        type=non_negative_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="start a new file this long after opening one (seconds or 1h, 15m...); 0: never",
+    )
+    p.add_argument(
+        "--rotate-size",
+        type=parse_size,
+        default=0,
+        metavar="BYTES",
+        help="start a new file when the current one is bigger than this (bytes, or 100M...); "
+        "0: never",
+    )
+    p.add_argument("--gzip", action="store_true", help="gzip the files (a .gz suffix is added)")
+    p.add_argument(
+        "--gzip-level",
+        type=int,
+        default=6,
+        choices=range(1, 10),
+        metavar="1-9",
+        help="gzip compression level, 1 fastest to 9 smallest (default: 6)",
+    )
+    p.add_argument(
+        "--sync-interval",
+        type=positive_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="fsync and finish written messages at least this often (default: 30s); must be "
+        "shorter than the msg_timeout",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=positive_int,
+        default=200,
+        metavar="N",
+        help="messages received and not yet finished, at most (default: 200)",
+    )
+    add_options_flag(p, "--consumer-opt", "Consumer")
+    add_log_level_flag(p)
+    p.set_defaults(run=run, subparser=p)
+    return p
+
+
+def filename_format(
+    fmt: str,
+    topic: str,
+    host: str,
+    pid: int,
+    gzip_on: bool,
+    needs_rev: bool,
+) -> str:
+    """``fmt`` with ``<TOPIC>``, ``<HOST>``, ``<PID>`` replaced (``<DATETIME>`` and ``<REV>``
+    stay for each file).  ``<REV>`` is required when ``needs_rev`` (gzip or rotation) and
+    removed otherwise; gzip adds ``.gz`` when missing."""
+    if "<REV>" not in fmt and needs_rev:
+        raise UsageError("--filename-format needs <REV> when --gzip or rotation is used")
+    if not needs_rev:
+        fmt = fmt.replace("<REV>", "")
+    fmt = fmt.replace("<TOPIC>", topic).replace("<HOST>", host).replace("<PID>", str(pid))
+    if gzip_on and not fmt.endswith(".gz"):
+        fmt += ".gz"
+    if os.path.isabs(fmt) or ".." in fmt.split("/"):
+        raise UsageError(f"--filename-format must name a file inside --output-dir, not {fmt!r}")
+    return fmt
+
+
+def host_identifier(template: str) -> str:
+    hostname = socket.gethostname()
+    short = hostname.split(".")[0]
+    if not template:
+        return short
+    return template.replace("<SHORT_HOST>", short).replace("<HOSTNAME>", hostname)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class OutputFile:
+    """One open output file: buffered writes and :meth:`sync` (end the gzip member, flush,
+    fsync).
+
+    Args:
+        path: the file.
+        exclusive: create it (FileExistsError if it exists) rather than append to it.
+        gzip_level: compress at this level; None: plain.
+    """
+
+    def __init__(self, path: str, exclusive: bool, gzip_level: int | None):
+        self.path = path
+        self.gzip_level = gzip_level
+        # Unbuffered: each plain message is one write(2), so a killed process leaves whole
+        # lines (a power cut may still cut the last one; see below).
+        self._raw: BinaryIO = open(path, "xb" if exclusive else "ab", buffering=0)  # noqa: SIM115
+        self._gz: gzip.GzipFile | None = None
+        end = self._raw.seek(0, os.SEEK_END)
+        #: the size at opening plus the (uncompressed) bytes written since, as nsq_to_file counts
+        self.size = end
+        if end and gzip_level is None:
+            # A crash may have cut the last line; never glue the next one onto it.
+            with open(path, "rb") as f:
+                f.seek(end - 1)
+                if f.read(1) != b"\n":
+                    self._write_all(b"\n")
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = self._raw.write(view)
+            if not written:
+                raise OSError(f"cannot write to {self.path}")
+            view = view[written:]
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.gzip_level is not None:
+            if self._gz is None:
+                self._gz = gzip.GzipFile(
+                    filename="", fileobj=self._raw, mode="wb", compresslevel=self.gzip_level
+                )
+            self._gz.write(data)
+        else:
+            self._write_all(data)
+
+    def sync(self) -> None:
+        """Make everything written so far durable."""
+        if self._gz is not None:
+            self._gz.close()  # ends the member; leaves the file open
+            self._gz = None
+        os.fsync(self._raw.fileno())
+
+    def close(self) -> None:
+        try:
+            self.sync()
+        finally:
+            self._raw.close()
+
+
+class TopicArchiver:
+    """One topic's consumer and the thread that writes its messages to files.
+
+    The handler (on the consumer's worker) only queues the message; the writer thread writes,
+    syncs and then finishes.  After :meth:`begin_close` the handler requeues what arrives and
+    the writer writes, syncs and finishes what was queued, closes the file and ends.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        fmt: str,
+        args: argparse.Namespace,
+        consumer_options: dict[str, Any],
+        failed: threading.Event,
+    ):
+        self.topic = topic
+        self.fmt = fmt
+        self.output_dir = args.output_dir
+        self.datetime_format = args.datetime_format
+        self.rotate_interval = args.rotate_interval
+        self.rotate_size = args.rotate_size
+        self.gzip_level = args.gzip_level if args.gzip else None
+        self.exclusive = bool(args.gzip or args.rotate_interval)
+        self.sync_interval = args.sync_interval
+        self.max_in_flight = args.max_in_flight
+        self.failed = failed
+        self.error: str | None = None
+        self.written = 0
+        self.finished = 0
+        self.requeued = 0
+        self.files: list[str] = []
+        self.consumer = Consumer(
+            topic,
+            channel,
+            self._handle,
+            nsqd_tcp_addresses=args.nsqd_tcp_addresses,
+            lookupd_http_addresses=args.lookupd_http_addresses,
+            **consumer_options,
+        )
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._file: OutputFile | None = None
+        self._filename = ""
+        self._rev = 0
+        self._opened_at = 0.0
+        self._pending: list[Message] = []
+        self._oldest_pending = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"nsq-to-file-{topic}", daemon=True)
+
+    # -- consumer side
+
+    def _handle(self, message: Message) -> None:
+        message.enable_async()
+        with self._lock:
+            if self._closing:
+                self.requeued += 1
+                message.requeue(delay=0, backoff=False)
+                return
+            self._queue.put(message)
+
+    def start(self) -> None:
+        self._thread.start()
+        self.consumer.start()
+
+    def begin_close(self) -> None:
+        """Receive nothing more (RDY 0; what still arrives is requeued) and let the writer
+        sync, finish and close."""
+        self.consumer.set_max_in_flight(0)
+        with self._lock:
+            self._closing = True
+            self._queue.put(_WAKE)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.error("[%s] the writer did not finish within %.0fs", self.topic, timeout)
+
+    # -- writer thread
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # an OSError (disk full...) or a bug: stop, lose nothing
+            self.error = f"topic {self.topic}: writing {self._filename or 'a file'} failed: {exc}"
+            logger.error("%s", self.error, exc_info=not isinstance(exc, OSError))
+            self._fail()
+
+    def _fail(self) -> None:
+        """Requeue everything not durably written and stop the tool."""
+        with self._lock:
+            self._closing = True
+        for message in self._pending:
+            message.requeue(delay=0, backoff=False)
+            self.requeued += 1
+        self._pending.clear()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Message):
+                item.requeue(delay=0, backoff=False)
+                self.requeued += 1
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        self.failed.set()
+
+    def _loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            wait = 1.0
+            if self._pending:
+                wait = min(wait, max(self._oldest_pending + self.sync_interval - now, 0.0))
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is _WAKE:
+                self._sync()
+                self._close_file()
+                return
+            now = time.monotonic()
+            if isinstance(item, Message):
+                if self._file is None or self._needs_rotation(now):
+                    self._sync()
+                    self._close_file()
+                    self._open_file(now)
+                assert self._file is not None
+                self._file.write(item.body + b"\n")
+                self.written += 1
+                if not self._pending:
+                    self._oldest_pending = now
+                self._pending.append(item)
+            elif self._file is not None and self._needs_rotation(now):
+                # Idle: close a file that is due for rotation; the next message opens one.
+                self._sync()
+                self._close_file()
+            if self._pending and (
+                len(self._pending) >= self.max_in_flight
+                or now - self._oldest_pending >= self.sync_interval
+                or self.consumer.is_starved()
+            ):
+                self._sync()
+
+    def _sync(self) -> None:
+        """fsync the file, then finish the messages written to it."""
+        if not self._pending:
+            return
+        assert self._file is not None
+        self._file.sync()
+        logger.debug(
+            "[%s] synced %d messages to %s", self.topic, len(self._pending), self._file.path
+        )
+        for message in self._pending:
+            message.finish()
+        self.finished += len(self._pending)
+        self._pending.clear()
+
+    def _current_filename(self) -> str:
+        stamp = datetime.datetime.now().strftime(self.datetime_format)
+        return self.fmt.replace("<DATETIME>", stamp)
+
+    def _needs_rotation(self, now: float) -> bool:
+        if self._current_filename() != self._filename:
+            return True
+        if self.rotate_interval and now - self._opened_at >= self.rotate_interval:
+            return True
+        assert self._file is not None
+        return bool(self.rotate_size and self._file.size > self.rotate_size)
+
+    def _open_file(self, now: float) -> None:
+        name = self._current_filename()
+        if name != self._filename:
+            self._rev = 0
+        else:
+            self._rev += 1
+        self._filename = name
+        while True:
+            path = os.path.join(self.output_dir, name.replace("<REV>", f"-{self._rev:06d}"))
+            directory = os.path.dirname(path)
+            os.makedirs(directory, exist_ok=True)
+            existed = os.path.exists(path)
+            try:
+                out = OutputFile(path, self.exclusive, self.gzip_level)
+            except FileExistsError:
+                self._rev += 1
+                continue
+            if self.rotate_size and out.size > self.rotate_size:
+                out.close()
+                self._rev += 1
+                continue
+            break
+        if not existed:
+            _fsync_dir(directory)  # the new name itself must survive a crash
+        logger.info("[%s] writing to %s", self.topic, path)
+        self._file = out
+        self._opened_at = now
+        if path not in self.files:
+            self.files.append(path)
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            file.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    check_sources(args)
+    try:
+        os.makedirs(args.output_dir, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"cannot create --output-dir {args.output_dir}: {exc.strerror}") from None
+    if not os.access(args.output_dir, os.W_OK):
+        raise CLIError(f"cannot write to --output-dir {args.output_dir}")
+    try:
+        datetime.datetime.now().strftime(args.datetime_format)
+    except ValueError as exc:
+        raise UsageError(f"--datetime-format: {exc}") from None
+    options = client_options(
+        args.client_options,
+        max_in_flight=args.max_in_flight,
+        max_tries=0,  # never finish a message without writing it
+        user_agent=user_agent("to-file"),
+    )
+    msg_timeout = options.get("msg_timeout") or _NSQD_MSG_TIMEOUT
+    if args.sync_interval >= msg_timeout:
+        raise UsageError(
+            f"--sync-interval ({args.sync_interval:g}s) must be shorter than the msg_timeout "
+            f"({msg_timeout:g}s), or nsqd redelivers messages waiting for their sync"
+        )
+    needs_rev = bool(args.gzip or args.rotate_interval or args.rotate_size)
+    host = host_identifier(args.host_identifier)
+    topics = list(dict.fromkeys(args.topics))
+    formats = {
+        t: filename_format(args.filename_format, t, host, os.getpid(), args.gzip, needs_rev)
+        for t in topics
+    }
+    timeout = float(options.get("dial_timeout", 1.0)) + 1.0
+    if args.nsqd_tcp_addresses:
+        check_nsqd_reachable(args.nsqd_tcp_addresses, timeout)
+    if args.lookupd_http_addresses:
+        check_lookupd_reachable(args.lookupd_http_addresses, topics[0], timeout + 4.0)
+
+    signals = StopSignals()
+    archivers = [
+        TopicArchiver(t, args.channel, formats[t], args, options, signals.event) for t in topics
+    ]
+    with signals:
+        try:
+            for archiver in archivers:
+                archiver.start()
+            while not signals.event.wait(1.0):
+                pass
+        finally:
+            for archiver in archivers:
+                archiver.begin_close()
+            for archiver in archivers:
+                archiver.join(30.0)
+            for archiver in archivers:
+                archiver.consumer.stop(timeout=10.0)
+    errors = [a.error for a in archivers if a.error]
+    for archiver in archivers:
+        print(
+            f"nsqclient to-file: {archiver.topic}: wrote {archiver.written} messages "
+            f"({archiver.finished} finished, {archiver.requeued} requeued) "
+            f"to {len(archiver.files)} file(s) in {args.output_dir}",
+            file=sys.stderr,
+        )
+    if errors:
+        raise CLIError("; ".join(errors))
+    return 0
