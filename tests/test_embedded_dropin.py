@@ -180,3 +180,27 @@ def test_output_writes_one_piece_per_loop_pass_and_drains_on_demand():
         assert plain.writes == [b"head", b"body"]
 
     asyncio.run(scenario())
+
+
+def test_combined_mode_help_describes_every_flag():
+    import re
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "nsqclient.testing", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    options = out[out.index("options:") :]
+    # Each flag's entry: the flag (and metavar) then its help text, on the same line or the next.
+    entries = re.split(r"\n  (?=-)", options)[1:]
+    flags = {re.match(r"(--?[\w-]+)", e).group(1) for e in entries}
+    assert {"--tcp-address", "--msg-timeout", "--max-rdy-count", "--log-level"} <= flags
+    for entry in entries:
+        words = entry.split()
+        described = [w for w in words[1:] if not w.isupper() and not w.startswith(("-", "{"))]
+        assert described, f"no help text for {words[0]}"
+    assert "seconds" in options and "messages" in options and "HOST:PORT" in options

@@ -51,24 +51,74 @@ def main(argv: list[str] | None = None) -> int:
 def combined_main(argv: list[str]) -> int:
     """The combined mode: parse arguments, run the cluster until a signal."""
     parser = argparse.ArgumentParser(
-        prog="python -m nsqclient.testing", description="Run an embedded nsqd (+ nsqlookupd)."
+        prog="python -m nsqclient.testing",
+        description="Run an embedded nsqd (+ nsqlookupd) until SIGINT/SIGTERM.  For one server"
+        " with the real binary's flags, run 'python -m nsqclient.testing nsqd -help' or"
+        " '... nsqlookupd -help' instead.",
     )
-    parser.add_argument("--tcp-address", default="127.0.0.1:4150")
-    parser.add_argument("--http-address", default="127.0.0.1:4151")
-    parser.add_argument("--lookupd-tcp-address", default=None)
-    parser.add_argument("--lookupd-http-address", default=None)
-    parser.add_argument("--msg-timeout", type=_duration, default=None)
-    parser.add_argument("--max-rdy-count", type=int, default=None)
-    parser.add_argument("--tls-cert", default=None)
-    parser.add_argument("--tls-key", default=None)
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--tcp-address",
+        default="127.0.0.1:4150",
+        metavar="HOST:PORT",
+        help="nsqd's TCP listener (default %(default)s)",
+    )
+    parser.add_argument(
+        "--http-address",
+        default="127.0.0.1:4151",
+        metavar="HOST:PORT",
+        help="nsqd's HTTP listener (default %(default)s)",
+    )
+    parser.add_argument(
+        "--lookupd-tcp-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="run an nsqlookupd in this process with its TCP listener here (the nsqd registers"
+        " with it); goes with --lookupd-http-address",
+    )
+    parser.add_argument(
+        "--lookupd-http-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="that nsqlookupd's HTTP listener",
+    )
+    parser.add_argument(
+        "--msg-timeout",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="default time nsqd waits for FIN/REQ/TOUCH: seconds, or 1500ms / 2s / 1m / 1h"
+        " (default nsqd's 60s)",
+    )
+    parser.add_argument(
+        "--max-rdy-count",
+        type=int,
+        default=None,
+        metavar="MESSAGES",
+        help="largest RDY a client may send, in messages (default nsqd's 2500)",
+    )
+    parser.add_argument(
+        "--tls-cert", default=None, metavar="PATH", help="PEM certificate: offer TLS to clients"
+    )
+    parser.add_argument(
+        "--tls-key", default=None, metavar="PATH", help="PEM private key for --tls-cert"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warn", "warning", "error", "fatal"),
+        help="log level on stderr (default %(default)s)",
+    )
     parser.add_argument(
         "--youzan",
         action="store_true",
         help="youzan's partitioned NSQ (nsqlookupd always on: free ports unless given)",
     )
-    parser.add_argument("--nsqd-count", type=int, default=1, help="nsqd nodes (youzan mode)")
-    parser.add_argument("--lookupd-count", type=int, default=1, help="lookupds (youzan mode)")
+    parser.add_argument(
+        "--nsqd-count", type=int, default=1, metavar="NODES", help="nsqd nodes (youzan mode)"
+    )
+    parser.add_argument(
+        "--lookupd-count", type=int, default=1, metavar="LOOKUPDS", help="lookupds (youzan mode)"
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(
