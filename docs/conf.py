@@ -23,6 +23,7 @@ nitpick_ignore = [
     ("py:class", name)
     for name in (
         "concurrent.futures._base.Future",
+        "nsqclient.lookup.T",
         "concurrent.futures.Future",
         "Future",
         "threading.Thread",

@@ -49,7 +49,8 @@ from .legacy import (
     valid_topic_name,
 )
 from .message import Message, RequeueMessage
-from .producer import Producer
+from .partitions import key_partition
+from .producer import Producer, PublishResult
 
 #: pynsq 0.9.1's ``nsq.__all__``, every name of which is here with pynsq's signature.
 PYNSQ_NAMES = (
@@ -88,6 +89,8 @@ __all__ = [
     "Config",
     "Consumer",
     "Producer",
+    "PublishResult",
+    "key_partition",
     "Message",
     "RequeueMessage",
     "NsqdHTTPClient",

@@ -1084,7 +1084,7 @@ class Writer(metaclass=_Registered):
         msg: Any,
         callback: PubCallback | None,
         submit: Callable[[], Future],
-        resend: Callable[[], None],
+        resend: Callable[[], object],
     ) -> Future:
         if callback is None:
             callback = functools.partial(self._finish_pub, command=command, topic=topic, msg=msg)
@@ -1102,7 +1102,7 @@ class Writer(metaclass=_Registered):
         return outer
 
     def _on_answer(
-        self, callback: PubCallback, resend: Callable[[], None], outer: Future, future: Future
+        self, callback: PubCallback, resend: Callable[[], object], outer: Future, future: Future
     ) -> None:
         # Runs where the future completes, usually a connection's reader thread: only hand on.
         error = future.exception()
@@ -1121,7 +1121,7 @@ class Writer(metaclass=_Registered):
     def _resend(
         self,
         callback: PubCallback,
-        resend: Callable[[], None],
+        resend: Callable[[], object],
         outer: Future,
         first_error: ConnectionClosedError,
     ) -> None:

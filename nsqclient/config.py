@@ -189,6 +189,22 @@ OPTIONS: dict[str, Option] = {
         ),
         Option("youzan", False, bool, "speak youzan's NSQ: raw 16-byte message ids"),
         Option("extend_support", False, bool, "youzan: ask for message extension headers"),
+        Option(
+            "trace",
+            False,
+            bool,
+            "youzan: publish with PUB_TRACE and log each reply (message id, trace id, offset,"
+            " raw size); consumers log each message's trace id and arrival",
+        ),
+        Option(
+            "leader_retries",
+            5,
+            int,
+            "youzan: times a publish refused with E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE or"
+            " E_TOPIC_NOT_EXIST is retried after a fresh lookup (waits 0.1 s, doubling)",
+            0,
+            100,
+        ),
         # --- consumer
         Option("max_in_flight", 1, int, "messages in flight across all connections", 0, None),
         Option("concurrency", 1, int, "handler worker threads", 1, 4096),
@@ -404,6 +420,8 @@ class Config:
     max_frame_size: int
     youzan: bool
     extend_support: bool
+    trace: bool
+    leader_retries: int
     max_in_flight: int
     concurrency: int
     max_tries: int

@@ -282,6 +282,10 @@ class Connection:
         self.extended = False
         #: set by a consumer that subscribed with SUB_ORDERED/SUB_ADVANCED
         self.ordered = False
+        #: the youzan partition a consumer subscribed to on this connection (None: classic)
+        self.partition: int | None = None
+        #: the consumer's name for this connection: the address, plus ``#partition``
+        self.key = self.address
         #: RDY last sent and messages in flight on this connection (kept by the consumer)
         self.rdy = 0
         self.in_flight = 0

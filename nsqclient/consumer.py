@@ -33,8 +33,15 @@ from .backoff import BackoffMode, BackoffState, reconnect_delay
 from .checks import check_int
 from .config import Config
 from .conn import Connection, parse_address
-from .errors import NSQError, ServerError
-from .http import LookupdClient, producer_address
+from .errors import (
+    NSQError,
+    ServerError,
+    SubExtendForbiddenError,
+    SubExtendNeedError,
+    SubOrderIsMustError,
+)
+from .http import producer_address
+from .lookup import LookupdPool
 from .message import Message, RequeueMessage
 from .rdy import ConnView, is_starved, needs_refill, rdy_targets
 
@@ -43,6 +50,25 @@ __all__ = ["Consumer"]
 logger = logging.getLogger("nsqclient.consumer")
 
 Handler = Callable[[Message], Any]
+
+trace_logger = logging.getLogger("nsqclient.trace")
+
+#: SUB answers that no reconnect can change: the consumer's settings must
+_REFUSED_FOR_GOOD = (SubOrderIsMustError, SubExtendNeedError, SubExtendForbiddenError)
+
+
+def target_key(address: str, partition: int | None) -> str:
+    """The consumer's name for a subscription: ``"host:port"``, or ``"host:port#P"`` for
+    youzan partition P."""
+    return address if partition is None else f"{address}#{partition}"
+
+
+def split_key(key: str) -> tuple[str, int | None]:
+    """``target_key``'s inverse: ``(address, partition or None)``."""
+    address, sep, partition = key.rpartition("#")
+    if not sep:
+        return key, None
+    return address, int(partition)
 
 
 class _ConnInfo:
@@ -113,7 +139,19 @@ class Consumer:
             exceed ``max_tries``, before it is FINished; the default logs a warning.
         on_connect, on_disconnect: ``hook(address)`` / ``hook(address, reason)``, run on the
             consumer's own threads (that address's connect thread, the discovery thread; never
-            a connection's reader or writer) when a connection is made or lost.
+            a connection's reader or writer) when a connection is made or lost.  For a youzan
+            partition the address reads ``"host:port#partition"``.
+        partition: youzan: consume only this partition (with ``nsqd_tcp_addresses``: send
+            ``SUB topic channel partition`` to each).  By default a Consumer subscribes to
+            every partition lookup names, one connection per (nsqd, partition).
+        ordered: youzan: subscribe with ``SUB_ORDERED``: nsqd sends a partition's next
+            message only once the previous one is finished.  A failed message is requeued
+            with no delay and tried again (never given up on, whatever ``max_tries``), so
+            nothing behind it is skipped.  A topic created ordered must be consumed this way
+            (otherwise the Consumer stops with SubOrderIsMustError).
+        on_out_of_order: youzan, ordered: ``hook(message, last_offset)`` run (on a worker,
+            before the handler) when a message's disk queue offset is below the last one seen
+            on its partition; the message is then handled as usual.
         **options: :class:`~nsqclient.config.Config` options: ``max_in_flight``,
             ``concurrency``, ``max_tries``, ``default_requeue_delay``, ``max_backoff_duration``,
             ``lookupd_poll_interval``, ``msg_timeout``, TLS/compression/auth... (seconds).
@@ -129,6 +167,10 @@ class Consumer:
         giving_up: Callable[[Message], Any] | None = None,
         on_connect: Callable[[str], Any] | None = None,
         on_disconnect: Callable[[str, BaseException | None], Any] | None = None,
+        *,
+        partition: int | None = None,
+        ordered: bool = False,
+        on_out_of_order: Callable[[Message, int], Any] | None = None,
         **options: Any,
     ):
         self.topic = protocol.check_topic_name(topic)
@@ -147,10 +189,28 @@ class Consumer:
         self.lookupd_http_addresses = list(lookupd_http_addresses or [])
         if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
             raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
-        self._lookupds = [
-            LookupdClient(a, timeout=self.config.lookupd_request_timeout)
-            for a in self.lookupd_http_addresses
-        ]
+        self.partition = None if partition is None else check_int(partition, "partition", min=0)
+        self.ordered = bool(ordered)
+        if self.ordered and self.nsqd_tcp_addresses and self.partition is None:
+            raise ValueError(
+                "ordered=True with nsqd_tcp_addresses needs partition= (SUB_ORDERED names one"
+                " partition); give lookupd_http_addresses to consume every partition"
+            )
+        self.on_out_of_order = on_out_of_order
+        #: the subscriptions to the nsqd given directly (see target_key)
+        self._direct = {target_key(a, self.partition) for a in self.nsqd_tcp_addresses}
+        self._lookupds = LookupdPool(
+            self.lookupd_http_addresses, self.config.lookupd_request_timeout
+        )
+        #: Config of the connections to each lookupd-found subscription (youzan's differ)
+        self._target_config: dict[str, Config] = {}
+        #: youzan, ordered: the highest disk queue offset seen per partition
+        self._offsets: dict[int, int] = {}
+        self._tracing = self.config.trace
+        #: the error that stopped the consumer for good (see error)
+        self._error: NSQError | None = None
+        #: lookup again soon (a lookupd-found connection closed: its leader may have moved)
+        self._requery_at = float("inf")
         self.giving_up = giving_up
         self.on_connect = on_connect
         self.on_disconnect = on_disconnect
@@ -219,8 +279,8 @@ class Consumer:
             raise RuntimeError("Consumer already started (or stopped)")
         self._started = True
         now = time.monotonic()
-        for address in self.nsqd_tcp_addresses:
-            self._reconnect_at[address] = now
+        for key in self._direct:
+            self._reconnect_at[key] = now
         tag = f"{self.topic}/{self.channel}"
         self._busy = [False] * self.config.concurrency
         self._current = [None] * self.config.concurrency
@@ -260,6 +320,8 @@ class Consumer:
                 signal.signal(sig, previous)
             if not self._stopped.is_set():
                 self.stop()
+        if self._error is not None:
+            raise self._error
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -352,8 +414,7 @@ class Consumer:
             infos = list(self._conns.values())
         for info in infos:
             info.conn.close(max(deadline - time.monotonic(), 1.0))
-        for lookupd in self._lookupds:
-            lookupd.close()
+        self._lookupds.close()
         self._drain_events()
         self._stopped.set()
 
@@ -391,6 +452,33 @@ class Consumer:
     def is_running(self) -> bool:
         return self._started and not self._stopped.is_set()
 
+    @property
+    def error(self) -> NSQError | None:
+        """The error that stopped the consumer by itself, or None.  For example
+        SubOrderIsMustError when the topic must be consumed with ``ordered=True``.
+        :meth:`run` raises it."""
+        return self._error
+
+    @property
+    def tracing(self) -> bool:
+        """True while each message's trace id is logged (see :meth:`set_tracing`)."""
+        return self._tracing
+
+    def set_tracing(self, enabled: bool) -> None:
+        """Switch message tracing on or off at run time: while on, every message received is
+        logged at INFO on ``nsqclient.trace`` (topic, partition, nsqd, message id, trace id,
+        offset, arrival time) before its handler runs."""
+        self._tracing = bool(enabled)
+
+    def _fail(self, error: NSQError) -> None:
+        """Stop for good: a subscription was refused in a way no reconnect can change."""
+        with self._lock:
+            if self._error is not None or self._stopping.is_set():
+                return
+            self._error = error
+        logger.error("%s; the consumer stops", error)
+        threading.Thread(target=self.stop, name="nsq-stop-on-error", daemon=True).start()
+
     # ================================================================ public knobs
 
     @property
@@ -426,20 +514,21 @@ class Consumer:
 
     def _discovery_loop(self) -> None:
         cfg = self.config
-        next_poll = time.monotonic() if self._lookupds else float("inf")
+        next_poll = time.monotonic() if len(self._lookupds) else float("inf")
         while not self._stopping.is_set():
             wait = 1.0
             try:
                 self._drain_events()
-                if time.monotonic() >= next_poll:
+                if time.monotonic() >= min(next_poll, self._requery_at):
                     jitter = random.random() * cfg.lookupd_poll_jitter * cfg.lookupd_poll_interval
                     next_poll = time.monotonic() + cfg.lookupd_poll_interval + jitter
+                    self._requery_at = float("inf")
                     self._query_lookupds()
-                for address in self._due_reconnects(time.monotonic()):
-                    self._start_connect(address, direct=address in self.nsqd_tcp_addresses)
+                for key in self._due_reconnects(time.monotonic()):
+                    self._start_connect(key, direct=key in self._direct)
                 with self._lock:
                     pending = list(self._reconnect_at.values())
-                wake_at = min([next_poll, *pending], default=next_poll)
+                wake_at = min([next_poll, self._requery_at, *pending], default=next_poll)
                 wait = min(max(wake_at - time.monotonic(), 0.0), 1.0)
             except Exception:
                 logger.exception("unexpected error in discovery; it goes on")
@@ -454,39 +543,67 @@ class Consumer:
         return due
 
     def _query_lookupds(self) -> None:
-        found: set[str] = set()
-        for lookupd in self._lookupds:
-            try:
-                result = lookupd.lookup(self.topic)
-            except NSQError as exc:
-                logger.warning("lookupd %s: %s", lookupd, exc)
-                continue
-            except Exception as exc:  # garbage from a lookupd must not kill discovery
-                logger.warning("lookupd %s returned something unusable: %r", lookupd, exc)
-                continue
-            for p in result.get("producers") or []:
-                try:
-                    found.add(producer_address(p))
-                except (KeyError, TypeError, ValueError) as exc:
-                    logger.warning("lookupd %s: bad producer entry %r: %s", lookupd, p, exc)
+        self._lookupds.refresh_members()
+        found: dict[str, Config] = {}
+        for source, result in self._lookupds.lookup_each(self.topic, "r", True):
+            found.update(self._targets(source, result))
         with self._lock:
-            self._lookupd_found = found
-            new = [a for a in found if a not in self._conns and a not in self._connecting]
-        for address in sorted(new):
-            self._start_connect(address, direct=False)
+            self._lookupd_found = set(found)
+            self._target_config.update(found)
+            new = [k for k in found if k not in self._conns and k not in self._connecting]
+        for key in sorted(new):
+            self._start_connect(key, direct=False)
 
-    def _start_connect(self, address: str, direct: bool) -> None:
-        """Connect to ``address`` on a thread of its own, so that a slow or hung nsqd never
+    def _targets(self, source: str, result: dict[str, Any]) -> dict[str, Config]:
+        """The subscriptions one lookup answer names, with their connections' Config (entries
+        that make no sense are logged and skipped)."""
+        config = self.config
+        if "partitions" in result:  # youzan's nsqlookupd
+            meta = result.get("meta") or {}
+            wants_ext = meta.get("extend_support") if isinstance(meta, dict) else None
+            extend = config.extend_support if wants_ext is None else bool(wants_ext)
+            if not config.youzan or extend != config.extend_support:
+                config = config.replace(youzan=True, extend_support=extend)
+            entries = list((result.get("partitions") or {}).items())
+        else:
+            if self.ordered and self.partition is None:
+                self._fail(
+                    NSQError(
+                        f"lookupd {source} answered in classic NSQ's shape: ordered=True"
+                        " needs youzan's partitioned NSQ (or partition=)"
+                    )
+                )
+                return {}
+            entries = [(self.partition, p) for p in result.get("producers") or []]
+        out = {}
+        for name, producer in entries:
+            try:
+                partition = None if name is None else int(name)
+                address = producer_address(producer)
+            except (KeyError, TypeError, ValueError) as exc:
+                logger.warning("lookupd %s: bad producer entry %r: %s", source, producer, exc)
+                continue
+            if self.partition is None or partition == self.partition:
+                out[target_key(address, partition)] = config
+        return out
+
+    def _start_connect(self, key: str, direct: bool) -> None:
+        """Connect to ``key``'s nsqd on a thread of its own, so that a slow or hung nsqd never
         delays connecting to the others."""
         with self._lock:
-            if self._stopping.is_set() or address in self._conns or address in self._connecting:
+            if self._stopping.is_set() or key in self._conns or key in self._connecting:
                 return
-            conn = Connection(address, self.config, delegate=self._delegate)
-            self._connecting[address] = conn
+            address, partition = split_key(key)
+            config = self.config if direct else self._target_config.get(key, self.config)
+            conn = Connection(address, config, delegate=self._delegate)
+            conn.partition = partition
+            conn.key = key
+            conn.ordered = self.ordered
+            self._connecting[key] = conn
             thread = threading.Thread(
                 target=self._connect,
                 args=(conn, direct),
-                name=f"nsq-connect-{address}",
+                name=f"nsq-connect-{key}",
                 daemon=True,
             )
             self._connect_threads.add(thread)
@@ -496,42 +613,52 @@ class Consumer:
         try:
             self._subscribe(conn, direct)
         except Exception as exc:
-            logger.exception("unexpected error connecting to %s", conn.address)
+            logger.exception("unexpected error connecting to %s", conn.key)
             conn.close(0.5)
             with self._lock:
-                self._connecting.pop(conn.address, None)
-            self._schedule_reconnect(conn.address, direct, exc)
+                self._connecting.pop(conn.key, None)
+            self._schedule_reconnect(conn.key, direct, exc)
         finally:
             with self._lock:
                 self._connect_threads.discard(threading.current_thread())
 
+    def _sub_command(self, partition: int | None) -> bytes:
+        if self.ordered:
+            assert partition is not None  # checked in __init__ and _targets
+            return protocol.sub_ordered(self.topic, self.channel, partition)
+        return protocol.sub(self.topic, self.channel, partition)
+
     def _subscribe(self, conn: Connection, direct: bool) -> None:
-        address = conn.address
+        key = conn.key
         try:
             conn.connect()
-            conn.request(protocol.sub(self.topic, self.channel)).result(
-                self.config.handshake_timeout
-            )
-        except (OSError, NSQError, TimeoutError) as exc:
-            logger.warning("cannot subscribe to %s: %s", address, exc)
+            conn.request(self._sub_command(conn.partition)).result(self.config.handshake_timeout)
+        except _REFUSED_FOR_GOOD as exc:
             conn.close(0.5)
             with self._lock:
-                self._connecting.pop(address, None)
-            self._schedule_reconnect(address, direct, exc)
+                self._connecting.pop(key, None)
+            self._fail(_refused_error(exc, self.topic))
+            return
+        except (OSError, NSQError, TimeoutError) as exc:
+            logger.warning("cannot subscribe to %s: %s", key, exc)
+            conn.close(0.5)
+            with self._lock:
+                self._connecting.pop(key, None)
+            self._schedule_reconnect(key, direct, exc)
             return
         with self._lock:
-            self._connecting.pop(address, None)
+            self._connecting.pop(key, None)
             if self._stopping.is_set() or conn.is_closed:
                 stale = True
             else:
                 stale = False
-                self._conns[address] = _ConnInfo(conn, direct, time.monotonic())
-                self._reconnect_failures.pop(address, None)
+                self._conns[key] = _ConnInfo(conn, direct, time.monotonic())
+                self._reconnect_failures.pop(key, None)
         if stale:
             conn.close(0.5)
             return
-        logger.info("subscribed to %s/%s on %s", self.topic, self.channel, address)
-        self._run_hook(self.on_connect, address)
+        logger.info("subscribed to %s/%s on %s", self.topic, self.channel, key)
+        self._run_hook(self.on_connect, key)
         self._rdy_wake.set()
 
     def _schedule_reconnect(self, address: str, direct: bool, reason: BaseException | None) -> None:
@@ -578,7 +705,7 @@ class Consumer:
         with self._lock:
             self._stats["received"] += n
             conn.in_flight += n
-            info = self._conns.get(conn.address)
+            info = self._conns.get(conn.key)
             if info is not None and info.conn is conn:
                 info.remaining -= n
                 mode = BackoffMode.NORMAL if self._backoff.level == 0 else self._backoff.mode(now)
@@ -613,12 +740,15 @@ class Consumer:
 
     def _on_close(self, conn: Connection, reason: BaseException | None) -> None:
         with self._lock:
-            info = self._conns.get(conn.address)
+            info = self._conns.get(conn.key)
             if info is None or info.conn is not conn:
                 return
-            del self._conns[conn.address]
-        self._events.put((conn.address, reason))
-        self._schedule_reconnect(conn.address, info.direct, reason)
+            del self._conns[conn.key]
+            if not info.direct and conn.partition is not None:
+                # youzan: a partition's leader may have moved; ask lookupd again soon
+                self._requery_at = min(self._requery_at, time.monotonic() + 1.0)
+        self._events.put((conn.key, reason))
+        self._schedule_reconnect(conn.key, info.direct, reason)
         self._rdy_wake.set()
         self._discovery_wake.set()
 
@@ -730,8 +860,23 @@ class Consumer:
                     self._idle.set()
 
     def _handle(self, message: Message) -> None:
+        if self._tracing:
+            trace_logger.info(
+                "received topic=%s partition=%s nsqd=%s message_id=%s trace_id=%s offset=%s"
+                " attempts=%d at=%.6f",
+                self.topic,
+                message.partition,
+                message.nsqd_address,
+                message.internal_id if message.internal_id is not None else message.id,
+                message.trace_id,
+                message.offset,
+                message.attempts,
+                time.time() - (time.monotonic() - message.received_at),
+            )
+        if self.ordered:
+            self._check_offset(message)
         max_tries = self._max_tries
-        if max_tries and message.attempts > max_tries:
+        if max_tries and message.attempts > max_tries and not self.ordered:
             with self._lock:
                 self._stats["given_up"] += 1
             try:
@@ -784,6 +929,26 @@ class Consumer:
                 conn.msg_timeout,
             )
 
+    def _check_offset(self, message: Message) -> None:
+        """Ordered consumption: a partition's offsets never go down (a redelivery repeats
+        the same offset); run on_out_of_order when one does."""
+        offset, partition = message.offset, message.partition
+        if offset is None or partition is None:
+            return
+        with self._lock:
+            last = self._offsets.get(partition)
+            if last is None or offset >= last:
+                self._offsets[partition] = offset
+                return
+        logger.warning(
+            "partition %d of %s: message at offset %d after offset %d",
+            partition,
+            self.topic,
+            offset,
+            last,
+        )
+        self._run_hook(self.on_out_of_order, message, last)
+
     # ======================================================== MessageResponder (via _Delegate)
 
     def _answered(self, message: Message, counter: str, success: bool | None) -> None:
@@ -814,7 +979,9 @@ class Consumer:
         conn = message._conn
         assert conn is not None  # a Consumer's messages always carry their connection
         cfg = self.config
-        if delay is None:
+        if self.ordered:
+            delay = 0.0  # nothing behind it may go first: try it again now
+        elif delay is None:
             delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
         try:
             conn.send(protocol.req(message.id, int(round(delay * 1000))))
@@ -829,3 +996,14 @@ class Consumer:
             conn.send(protocol.touch(message.id))
         except NSQError:
             logger.debug("cannot TOUCH %r: connection closed", message.id)
+
+
+def _refused_error(exc: ServerError, topic: str) -> NSQError:
+    """The error a Consumer stops with when nsqd refused its SUB for good."""
+    if isinstance(exc, SubOrderIsMustError):
+        hint = f"topic {topic!r} is ordered: it must be consumed with ordered=True"
+    elif isinstance(exc, SubExtendNeedError):
+        hint = f"topic {topic!r} has extend support: consume it with extend_support=True"
+    else:
+        hint = f"topic {topic!r} has no extend support: consume it without extend_support=True"
+    return type(exc)(f"{hint} (nsqd answered: {exc.message or exc.code})")

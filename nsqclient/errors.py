@@ -22,6 +22,7 @@ __all__ = [
     "ConnectionClosedError",
     "NSQTimeoutError",
     "AuthRequiredError",
+    "NoRouteError",
     "ServerError",
     "InvalidError",
     "BadBodyError",
@@ -89,6 +90,21 @@ class ConnectionClosedError(NSQError):
 
 class NSQTimeoutError(NSQError, TimeoutError):
     """A blocking call ran past its timeout."""
+
+
+class NoRouteError(NSQError):
+    """A Producer publishing by lookup found no nsqd to send the topic (or its partition) to:
+    lookupd names none, or (youzan) the topic has no channel yet.  Nothing was sent.
+
+    ``retryable`` is True when a fresh lookup may name one soon (a partition's leader is
+    moving); the Producer retries those by itself (the ``leader_retries`` option)."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.retryable))
 
 
 class AuthRequiredError(NSQError):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .protocol import DecodedMessage
 
@@ -54,7 +55,10 @@ class Message:
         timestamp: nanoseconds since the epoch when nsqd received it.
         attempts: delivery attempts so far, this one included (1 on first delivery).
         nsqd_address: ``host:port`` of the nsqd it came from.
-        partition, internal_id, trace_id, offset, raw_size, ext: youzan's fields (None otherwise).
+        partition, internal_id, trace_id, offset, raw_size: youzan's fields (None otherwise;
+            ``offset`` and ``raw_size`` only on messages of an ordered subscription).
+        ext: youzan, extend-support topics: the message's JSON header as a dict (None when it
+            has none, or it is not a JSON object); ``ext_raw`` holds its bytes as sent.
 
     A handler answers by returning (FIN) or raising/returning False (REQ).  After
     :meth:`enable_async` the handler's return is ignored and the message must be answered
@@ -73,6 +77,7 @@ class Message:
         "offset",
         "raw_size",
         "ext_version",
+        "ext_raw",
         "ext",
         "received_at",
         "touched_at",
@@ -106,7 +111,8 @@ class Message:
         self.offset = decoded.offset
         self.raw_size = decoded.raw_size
         self.ext_version = decoded.ext_version
-        self.ext = decoded.ext
+        self.ext_raw = decoded.ext
+        self.ext = None if decoded.ext is None else _json_header(decoded.ext)
         self.nsqd_address = nsqd_address
         self.partition = partition
         self.received_at = time.monotonic()
@@ -138,10 +144,11 @@ class Message:
             self.offset,
             self.raw_size,
             self.ext_version,
-            self.ext,
+            self.ext_raw,
         ) = decoded
+        self.ext = None if self.ext_raw is None else _json_header(self.ext_raw)
         self.nsqd_address = conn.address
-        self.partition = None
+        self.partition = conn.partition
         self.received_at = received_at
         self.touched_at = None
         self._responder = responder
@@ -149,6 +156,15 @@ class Message:
         self._responded = False
         self._async = False
         return self
+
+    @property
+    def tag(self) -> str | None:
+        """The dispatch tag in the message's youzan JSON header
+        (``"##client_dispatch_tag"``), or None."""
+        if not self.ext:
+            return None
+        tag = self.ext.get(DISPATCH_TAG_KEY)
+        return tag if isinstance(tag, str) and tag else None
 
     def __repr__(self) -> str:
         return (
@@ -209,3 +225,18 @@ class Message:
         self.touched_at = time.monotonic()
         if self._responder is not None:
             self._responder.touch_message(self)
+
+
+#: the key of youzan's dispatch tag in a message's JSON header
+DISPATCH_TAG_KEY = "##client_dispatch_tag"
+
+
+def _json_header(raw: bytes) -> dict[str, Any] | None:
+    """A youzan message header as a dict, or None when it is empty or not a JSON object."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

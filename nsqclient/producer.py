@@ -20,6 +20,7 @@ Guarantees, stated plainly:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import logging
 import os
@@ -35,11 +36,53 @@ from .backoff import reconnect_delay
 from .checks import check_float
 from .config import Config
 from .conn import AnyFuture, Connection, RequestFuture, Waiter, parse_address
-from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
+from .errors import (
+    ConnectionClosedError,
+    FailedOnNotLeaderError,
+    FailedOnNotWritableError,
+    NoRouteError,
+    NSQError,
+    NSQTimeoutError,
+    TopicNotExistError,
+)
+from .lookup import LookupdPool
+from .partitions import key_bytes
+from .router import Router
 
-__all__ = ["Producer"]
+__all__ = ["Producer", "PublishResult"]
 
 logger = logging.getLogger("nsqclient.producer")
+trace_logger = logging.getLogger("nsqclient.trace")
+
+#: youzan's answers that mean "lookup is stale": refresh the route and try again
+_STALE_ROUTE = (FailedOnNotLeaderError, FailedOnNotWritableError, TopicNotExistError)
+
+#: Builds a publish command for a partition (None: no partition on the wire).
+_Build = Callable[[int | None], bytes]
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishResult:
+    """youzan's answer to a traced publish (``PUB_TRACE``/``MPUB_TRACE``).
+
+    Attributes:
+        message_id: nsqd's internal id of the message (an MPUB: of its first message); the
+            partition is in its top bits (``partition << 50``).
+        trace_id: the trace id sent (MPUB_TRACE answers 0).
+        offset: where the message starts in the partition's disk queue, bytes.
+        raw_size: bytes it takes there (an MPUB: the whole batch); the next message of the
+            partition starts at ``offset + raw_size``.
+        partition: the partition it went to (None when none was named on the wire).
+        nsqd_address: ``"host:port"`` of the nsqd that stored it ("" when not known).
+    """
+
+    message_id: int
+    trace_id: int
+    offset: int
+    raw_size: int
+    partition: int | None
+    nsqd_address: str
+
 
 _producers: weakref.WeakSet[Producer] = weakref.WeakSet()
 
@@ -122,22 +165,45 @@ class Producer:
         nsqd_tcp_addresses: ``"host:port"`` or a list of them.  Publishes go round-robin over
             the addresses; an address that cannot be reached is skipped (with a growing
             reconnect delay) and the publish goes to the next one.
+        lookupd_http_addresses: nsqlookupd HTTP addresses to learn, per topic, which nsqd to
+            publish to (used instead of ``nsqd_tcp_addresses`` when given).  On youzan's NSQ
+            this is how publishes find each partition's leader; see :meth:`pub`.
         **options: any option of :class:`~nsqclient.config.Config` (``pub_timeout``,
-            ``dial_timeout``, ``tls_v1``, ``snappy``, ``auth_secret``, ``heartbeat_interval``...).
-            Durations are seconds.
+            ``dial_timeout``, ``tls_v1``, ``snappy``, ``auth_secret``, ``heartbeat_interval``,
+            ``lookupd_poll_interval``, ``trace``, ``leader_retries``...).  Durations are
+            seconds.
 
     Connections are made on first use.  A Producer made before ``os.fork()`` (gunicorn
     ``--preload``) works in the child: the child makes its own connections.
     """
 
-    def __init__(self, nsqd_tcp_addresses: str | Sequence[str], **options: Any):
+    def __init__(
+        self,
+        nsqd_tcp_addresses: str | Sequence[str] | None = None,
+        lookupd_http_addresses: str | Sequence[str] | None = None,
+        **options: Any,
+    ):
         if isinstance(nsqd_tcp_addresses, str):
             nsqd_tcp_addresses = [nsqd_tcp_addresses]
-        addresses = [f"{h}:{p}" for h, p in map(parse_address, nsqd_tcp_addresses)]
-        if not addresses:
-            raise ValueError("Producer needs at least one nsqd address")
+        if isinstance(lookupd_http_addresses, str):
+            lookupd_http_addresses = [lookupd_http_addresses]
+        addresses = [f"{h}:{p}" for h, p in map(parse_address, nsqd_tcp_addresses or [])]
+        lookupds = list(lookupd_http_addresses or [])
+        if not addresses and not lookupds:
+            raise ValueError("Producer needs nsqd_tcp_addresses or lookupd_http_addresses")
         self.config = Config(**options)
         self._slots = [_Slot(a) for a in addresses]
+        #: every slot by address: the given ones and those lookup named
+        self._pool = {s.address: s for s in self._slots}
+        self._pool_lock = threading.Lock()
+        self._router: Router | None = None
+        if lookupds:
+            pool = LookupdPool(lookupds, self.config.lookupd_request_timeout)
+            self._router = Router(pool, self.config.lookupd_poll_interval)
+        self._tracing = self.config.trace
+        #: routed asynchronous publishes not answered yet (flush and close wait for them)
+        self._routed: set[Future] = set()
+        self._routed_lock = threading.Lock()
         self._rr = itertools.count()
         #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
         self._pub_lines: dict[str, bytes] = {}
@@ -146,7 +212,8 @@ class Producer:
         _producers.add(self)
 
     def __repr__(self) -> str:
-        return f"<Producer {[s.address for s in self._slots]}{' closed' if self._closed else ''}>"
+        where = [s.address for s in self._slots] or self._router.pool.addresses()  # type: ignore[union-attr]
+        return f"<Producer {where}{' closed' if self._closed else ''}>"
 
     def __enter__(self) -> Producer:
         return self
@@ -156,44 +223,165 @@ class Producer:
 
     # ---------------------------------------------------------------- public API
 
-    def pub(self, topic: str, body: bytes | str, timeout: float | None = None) -> None:
+    def pub(
+        self,
+        topic: str,
+        body: bytes | str,
+        timeout: float | None = None,
+        *,
+        partition: int | None = None,
+        key: bytes | str | int | None = None,
+        trace_id: int | None = None,
+        ext: dict[str, Any] | None = None,
+    ) -> PublishResult | None:
         """Publish one message; return when nsqd answered OK.
 
         Args:
             body: bytes, bytearray, memoryview, or str (sent as UTF-8).
-            timeout: seconds to wait for the answer (default: the ``pub_timeout`` option).
+            timeout: seconds to wait for the answer (default: the ``pub_timeout`` option),
+                connecting, looking up and youzan's leader retries included.
+            partition: youzan: the partition to publish to (``PUB topic partition``).
+            key: youzan: a sharding key; every message with the same key goes to the same
+                partition, from any process (:func:`~nsqclient.partitions.key_partition`).
+                Needs ``lookupd_http_addresses`` (lookup says how many partitions there are).
+                Without partition or key, publishes go round-robin over the partitions.
+            trace_id: youzan: send ``PUB_TRACE`` with this 64-bit trace id (the ``trace``
+                option or :meth:`set_tracing` traces every publish, with trace id 0).
+            ext: youzan: JSON headers (``PUB_EXT``) for a topic created with extend support.
+
+        Returns None, or for a traced publish a :class:`PublishResult` (message id, trace id,
+        disk queue offset and raw size).
 
         Raises:
-            ValueError: bad topic or body, before anything is sent.
+            ValueError: bad topic, body, partition or key, before anything is sent.
             TypeError: a body of the wrong type, before anything is sent.
-            ServerError: nsqd refused it (e.g. BadMessageError when too big).
+            ServerError: nsqd refused it (e.g. BadMessageError when too big).  youzan's
+                E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE and E_TOPIC_NOT_EXIST are first retried
+                after a fresh lookup, up to ``leader_retries`` times.
+            NoRouteError: lookup named no nsqd for the topic or partition.
             ConnectionClosedError: no nsqd could be reached, or the connection died.
             NSQTimeoutError: no answer within ``timeout`` (the outcome is unknown).
         """
-        self._publish(self._pub_command(topic, body), timeout)
+        if (
+            self._router is None
+            and partition is None
+            and key is None
+            and trace_id is None
+            and ext is None
+            and not self._tracing
+        ):
+            self._publish(self._pub_command(topic, body), timeout)
+            return None
+        build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
+        return self._publish_routed(topic, build, traced, timeout, partition, key)
 
-    def mpub(self, topic: str, bodies: Sequence[bytes | str], timeout: float | None = None) -> None:
-        """Publish several messages atomically (one MPUB); see :meth:`pub`."""
-        self._publish(protocol.mpub(topic, bodies), timeout)
+    def mpub(
+        self,
+        topic: str,
+        bodies: Sequence[bytes | str],
+        timeout: float | None = None,
+        *,
+        partition: int | None = None,
+        key: bytes | str | int | None = None,
+        trace_id: int | Sequence[int] | None = None,
+        ext: dict[str, Any] | None = None,
+    ) -> PublishResult | None:
+        """Publish several messages atomically (one MPUB); see :meth:`pub`.  ``trace_id`` may
+        be one id for every message or one per message; ``ext`` goes with every message."""
+        if (
+            self._router is None
+            and partition is None
+            and key is None
+            and trace_id is None
+            and ext is None
+            and not self._tracing
+        ):
+            self._publish(protocol.mpub(topic, bodies), timeout)
+            return None
+        build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
+        return self._publish_routed(topic, build, traced, timeout, partition, key)
 
     def dpub(
         self, topic: str, body: bytes | str, delay: float, timeout: float | None = None
     ) -> None:
-        """Publish one message that nsqd delivers after ``delay`` seconds; see :meth:`pub`."""
-        self._publish(protocol.dpub(topic, _delay_ms(delay), body), timeout)
+        """Publish one message that nsqd delivers after ``delay`` seconds; see :meth:`pub`.
+        Classic NSQ only: youzan's nsqd has no DPUB (ValueError for a partitioned topic)."""
+        command = protocol.dpub(topic, _delay_ms(delay), body)
+        if self._router is None:
+            self._publish(command, timeout)
+            return
+        self._check_not_partitioned(topic)
+        self._publish_routed(topic, lambda p: command, False, timeout, None, None)
 
-    def pub_async(self, topic: str, body: bytes | str) -> Future:
-        """Publish without waiting; the Future resolves to nsqd's answer (``b"OK"``) or fails
-        with the error :meth:`pub` would raise.  Bad input raises here, at once."""
-        return self._submit(self._pub_command(topic, body), None, RequestFuture)
+    def pub_async(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        partition: int | None = None,
+        key: bytes | str | int | None = None,
+        trace_id: int | None = None,
+        ext: dict[str, Any] | None = None,
+    ) -> Future:
+        """Publish without waiting; the Future resolves to nsqd's answer (``b"OK"``, or a
+        :class:`PublishResult` when traced) or fails with the error :meth:`pub` would raise.
+        Bad input raises here, at once.  With ``lookupd_http_addresses`` the first publish
+        of a topic looks it up on the calling thread."""
+        if (
+            self._router is None
+            and partition is None
+            and key is None
+            and trace_id is None
+            and ext is None
+            and not self._tracing
+        ):
+            return self._submit(self._pub_command(topic, body), None, RequestFuture)
+        build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
+        return self._submit_routed(topic, build, traced, partition, key)
 
-    def mpub_async(self, topic: str, bodies: Sequence[bytes | str]) -> Future:
+    def mpub_async(
+        self,
+        topic: str,
+        bodies: Sequence[bytes | str],
+        *,
+        partition: int | None = None,
+        key: bytes | str | int | None = None,
+        trace_id: int | Sequence[int] | None = None,
+        ext: dict[str, Any] | None = None,
+    ) -> Future:
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
-        return self._submit(protocol.mpub(topic, bodies), None, RequestFuture)
+        if (
+            self._router is None
+            and partition is None
+            and key is None
+            and trace_id is None
+            and ext is None
+            and not self._tracing
+        ):
+            return self._submit(protocol.mpub(topic, bodies), None, RequestFuture)
+        build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
+        return self._submit_routed(topic, build, traced, partition, key)
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
         """:meth:`dpub` without waiting; see :meth:`pub_async`."""
-        return self._submit(protocol.dpub(topic, _delay_ms(delay), body), None, RequestFuture)
+        command = protocol.dpub(topic, _delay_ms(delay), body)
+        if self._router is None:
+            return self._submit(command, None, RequestFuture)
+        self._check_not_partitioned(topic)
+        return self._submit_routed(topic, lambda p: command, False, None, None)
+
+    @property
+    def tracing(self) -> bool:
+        """True while every publish is traced (youzan's PUB_TRACE); see :meth:`set_tracing`."""
+        return self._tracing
+
+    def set_tracing(self, enabled: bool) -> None:
+        """Switch tracing on or off at run time.  While on, every publish is sent as
+        youzan's PUB_TRACE/MPUB_TRACE (trace id 0 unless given), returns a
+        :class:`PublishResult`, and is logged at INFO on ``nsqclient.trace`` with the topic,
+        partition, nsqd, message id, trace id, disk queue offset, raw size and elapsed
+        milliseconds.  Classic nsqd does not know PUB_TRACE: trace only youzan topics."""
+        self._tracing = bool(enabled)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish accepted so far (``pub_async`` ones included) has nsqd's
@@ -219,7 +407,14 @@ class Producer:
         how many publishes it could not deliver."""
         self._closed = True
         deadline = time.monotonic() + timeout
-        for slot in self._slots:
+        with self._routed_lock:
+            routed = list(self._routed)
+        for future in routed:  # routed publishes waiting for a retry
+            try:
+                future.exception(timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                break
+        for slot in list(self._pool.values()):
             with slot.lock:
                 conn, slot.conn = slot.conn, None
                 if conn is not None:
@@ -230,8 +425,9 @@ class Producer:
     def _wait_answered(self, deadline: float) -> tuple[int, int]:
         """Wait until ``deadline`` for the requests in flight now; return (still unanswered,
         failed)."""
-        pending = []
-        for slot in self._slots:
+        with self._routed_lock:
+            pending: list[Future | Waiter] = list(self._routed)
+        for slot in list(self._pool.values()):
             conn = slot.conn
             if conn is not None and conn.pid == os.getpid():
                 pending.extend(conn.pending_requests())
@@ -252,7 +448,7 @@ class Producer:
                 "Producer %s was not closed before exit: %d publishes could not be delivered"
                 " (%d without an answer after exit_flush_timeout=%gs, %d failed); call"
                 " close() or flush() before exiting",
-                [s.address for s in self._slots],
+                list(self._pool),
                 unanswered + failed,
                 unanswered,
                 timeout,
@@ -275,7 +471,7 @@ class Producer:
         """
         entries = []
         totals = dict.fromkeys((*_CUMULATIVE, "connects"), 0)
-        for slot in self._slots:
+        for slot in list(self._pool.values()):
             conn = slot.conn
             counters = slot.counters()
             counters["connects"] = slot.connects
@@ -307,13 +503,20 @@ class Producer:
         self._pub_lines[topic] = command[: command.index(b"\n") + 1]
         return command
 
-    def _publish(self, command: bytes, timeout: float | None) -> bytes:
+    def _publish(
+        self,
+        command: bytes,
+        timeout: float | None,
+        slots: list[_Slot] | None = None,
+        deadline: float | None = None,
+    ) -> bytes:
         timeout = self.config.pub_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        if deadline is None:
+            deadline = time.monotonic() + timeout
         retries_left = self.config.pub_retries
         while True:
             try:
-                future = self._submit(command, deadline, Waiter)
+                future = self._submit(command, deadline, Waiter, slots)
             except ConnectionClosedError as exc:
                 if time.monotonic() >= deadline:
                     raise NSQTimeoutError(f"no nsqd connection within {timeout}s: {exc}") from exc
@@ -343,12 +546,14 @@ class Producer:
         command: bytes,
         deadline: float | None,
         make_future: Callable[[], AnyFuture],
+        slots: list[_Slot] | None = None,
     ) -> AnyFuture:
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
         count = protocol.published_count(command)
-        slots = self._slots
+        if slots is None:
+            slots = self._slots
         n = len(slots)
         if n > 1:
             start = next(self._rr) % n
@@ -383,6 +588,251 @@ class Producer:
         raise ConnectionClosedError(
             "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
         )
+
+    # ---------------------------------------------------------------- routed publishing
+
+    def _pub_builder(
+        self,
+        topic: str,
+        body: bytes | str,
+        partition: int | None,
+        trace_id: int | None,
+        ext: dict[str, Any] | None,
+    ) -> tuple[_Build, bool]:
+        """The command builder of one PUB-like publish (checked here, before any I/O), and
+        whether it is traced."""
+        traced = trace_id is not None or self._tracing
+        if traced and ext is not None:
+            raise ValueError("a publish cannot be both traced and carry ext headers (PUB_EXT)")
+        build: _Build
+        if traced:
+            tid = 0 if trace_id is None else trace_id
+
+            def build(p: int | None) -> bytes:
+                return protocol.pub_trace(topic, protocol.to_bytes(body), tid, p)
+
+        elif ext is not None:
+
+            def build(p: int | None) -> bytes:
+                return protocol.pub_ext(topic, protocol.to_bytes(body), ext, p)
+
+        else:
+
+            def build(p: int | None) -> bytes:
+                return protocol.pub(topic, body, p)
+
+        build(partition)  # bad topic, body, partition or ext raise here
+        return build, traced
+
+    def _mpub_builder(
+        self,
+        topic: str,
+        bodies: Sequence[bytes | str],
+        partition: int | None,
+        trace_id: int | Sequence[int] | None,
+        ext: dict[str, Any] | None,
+    ) -> tuple[_Build, bool]:
+        """:meth:`_pub_builder` for MPUB and its traced and extended forms."""
+        traced = trace_id is not None or self._tracing
+        if traced and ext is not None:
+            raise ValueError("a publish cannot be both traced and carry ext headers (MPUB_EXT)")
+        protocol.check_body_list(bodies, "MPUB")
+        items = [protocol.to_bytes(b) for b in bodies]
+        build: _Build
+        if traced:
+            if trace_id is None or isinstance(trace_id, int):
+                ids = [trace_id or 0] * len(items)
+            else:
+                ids = list(trace_id)
+
+            def build(p: int | None) -> bytes:
+                return protocol.mpub_trace(topic, items, ids, p)
+
+        elif ext is not None:
+            exts = [ext] * len(items)
+
+            def build(p: int | None) -> bytes:
+                return protocol.mpub_ext(topic, items, exts, p)
+
+        else:
+
+            def build(p: int | None) -> bytes:
+                return protocol.mpub(topic, items, p)
+
+        build(partition)
+        return build, traced
+
+    def _check_not_partitioned(self, topic: str) -> None:
+        assert self._router is not None
+        if self._router.route(protocol.check_topic_name(topic)).partitioned:
+            raise ValueError(
+                f"topic {topic!r} is partitioned (youzan's NSQ), which has no deferred publish"
+                " (DPUB)"
+            )
+
+    def _slot(self, address: str) -> _Slot:
+        slot = self._pool.get(address)
+        if slot is None:
+            with self._pool_lock:
+                slot = self._pool.setdefault(address, _Slot(address))
+        return slot
+
+    def _target(
+        self, topic: str, partition: int | None, key: bytes | str | int | None
+    ) -> tuple[int | None, list[_Slot] | None]:
+        """The partition and the slots (in order of preference) of one publish."""
+        if self._router is None:
+            if key is not None:
+                raise ValueError(
+                    "key= needs lookupd_http_addresses: the partition count comes from lookup"
+                )
+            return partition, None
+        p, address = self._router.choose(topic, partition, key)
+        if p is not None:
+            return p, [self._slot(address)]
+        # classic topic: the chosen nsqd first, the others it is on to fail over to
+        route = self._router.route(topic)
+        others = [self._slot(a) for a in route.nsqd if a != address]
+        return None, [self._slot(address), *others]
+
+    def _retry_delay(self, topic: str, exc: BaseException, retries: int) -> float | None:
+        """Seconds to wait before retrying a publish that failed with ``exc`` after
+        ``retries`` retries, or None when it must not be retried."""
+        if self._router is None or self._closed or retries >= self.config.leader_retries:
+            return None
+        if isinstance(exc, NoRouteError):
+            if not exc.retryable:
+                return None
+        elif not isinstance(exc, _STALE_ROUTE):
+            return None
+        self._router.invalidate(topic)
+        delay = 0.1 * 2**retries
+        logger.info("publish to %s refused (%s); looking it up again in %.1fs", topic, exc, delay)
+        return delay
+
+    def _publish_routed(
+        self,
+        topic: str,
+        build: _Build,
+        traced: bool,
+        timeout: float | None,
+        partition: int | None,
+        key: bytes | str | int | None,
+    ) -> PublishResult | None:
+        timeout = self.config.pub_timeout if timeout is None else timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        if key is not None:
+            key_bytes(key)  # a bad key raises before any I/O
+        retries = 0
+        while True:
+            try:
+                p, slots = self._target(topic, partition, key)
+                reply = self._publish(build(p), timeout, slots, deadline)
+            except (NoRouteError, *_STALE_ROUTE) as exc:
+                delay = self._retry_delay(topic, exc, retries)
+                if delay is None or time.monotonic() + delay >= deadline:
+                    raise
+                retries += 1
+                time.sleep(delay)  # a retry's backoff, bounded by leader_retries and timeout
+                continue
+            if not traced:
+                return None
+            address = slots[0].address if slots else ""
+            return self._traced(topic, p, address, reply, started)
+
+    def _traced(
+        self, topic: str, partition: int | None, address: str, reply: bytes, started: float
+    ) -> PublishResult:
+        decoded = protocol.decode_trace_reply(reply)
+        result = PublishResult(
+            decoded.internal_id,
+            decoded.trace_id,
+            decoded.offset,
+            decoded.raw_size,
+            partition,
+            address,
+        )
+        trace_logger.info(
+            "PUB_TRACE topic=%s partition=%s nsqd=%s message_id=%d trace_id=%d offset=%d"
+            " raw_size=%d elapsed_ms=%.2f",
+            topic,
+            partition,
+            address,
+            result.message_id,
+            result.trace_id,
+            result.offset,
+            result.raw_size,
+            (time.monotonic() - started) * 1000,
+        )
+        return result
+
+    def _submit_routed(
+        self,
+        topic: str,
+        build: _Build,
+        traced: bool,
+        partition: int | None,
+        key: bytes | str | int | None,
+    ) -> Future:
+        """An asynchronous publish that follows lookup: the first attempt is routed on the
+        calling thread; retries after a stale-route answer run on a timer thread."""
+        if key is not None:
+            key_bytes(key)
+        outer: Future = Future()
+        outer.set_running_or_notify_cancel()
+        with self._routed_lock:
+            self._routed.add(outer)
+        outer.add_done_callback(self._forget_routed)
+        started = time.monotonic()
+
+        def attempt(retries: int) -> None:
+            try:
+                p, slots = self._target(topic, partition, key)
+                inner = self._submit(build(p), None, RequestFuture, slots)
+            except (ValueError, TypeError) as exc:
+                if retries == 0:
+                    raise  # bad input: at the call site
+                outer.set_exception(exc)
+                return
+            except BaseException as exc:
+                failed(exc, retries)
+                return
+            address = slots[0].address if slots else ""
+            inner.add_done_callback(lambda f: answered(f, p, address, retries))
+
+        def answered(inner: Future, p: int | None, address: str, retries: int) -> None:
+            exc = inner.exception()
+            if exc is not None:
+                failed(exc, retries)
+            elif traced:
+                try:
+                    outer.set_result(self._traced(topic, p, address, inner.result(), started))
+                except Exception as error:
+                    outer.set_exception(error)
+            else:
+                outer.set_result(inner.result())
+
+        def failed(exc: BaseException, retries: int) -> None:
+            delay = self._retry_delay(topic, exc, retries)
+            if delay is None:
+                outer.set_exception(exc)
+                return
+            timer = threading.Timer(delay, attempt, (retries + 1,))
+            timer.name = f"nsq-pub-retry-{topic}"
+            timer.daemon = True
+            timer.start()
+
+        try:
+            attempt(0)
+        except BaseException:
+            self._forget_routed(outer)
+            raise
+        return outer
+
+    def _forget_routed(self, future: Future) -> None:
+        with self._routed_lock:
+            self._routed.discard(future)
 
     def _connection(self, slot: _Slot, deadline: float | None = None) -> Connection | None:
         # (A forked child gets fresh slots from the at-fork hook, before it can get here.)
@@ -454,6 +904,10 @@ class Producer:
             return
         self._pid = os.getpid()
         self._slots = [_Slot(s.address) for s in self._slots]
+        self._pool = {s.address: s for s in self._slots}
+        self._pool_lock = threading.Lock()
+        self._routed_lock = threading.Lock()
+        self._routed = set()
 
 
 def _not_processed(future: Future | Waiter) -> bool:

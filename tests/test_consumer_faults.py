@@ -190,7 +190,7 @@ def test_lookupd_down_at_start_then_back(nsqd, consumers, caplog):
     bodies = [b"l%d" % i for i in range(10)]
     publish(nsqd.nsqd, "f_lookupd_down", bodies)
     nsqd.stop_lookupd()
-    caplog.set_level(logging.WARNING, logger="nsqclient.consumer")
+    caplog.set_level(logging.WARNING, logger="nsqclient")
     seen = Seen()
     consumer = consumers(
         "f_lookupd_down",
@@ -200,9 +200,7 @@ def test_lookupd_down_at_start_then_back(nsqd, consumers, caplog):
         lookupd_poll_interval=0.2,
     )
     wait_for(
-        lambda: [
-            r for r in caplog.records if r.name == "nsqclient.consumer" and "lookupd" in r.msg
-        ],
+        lambda: [r for r in caplog.records if r.name == "nsqclient.lookup" and "lookupd" in r.msg],
         TIMEOUT,
         message="the failed lookupd query was not logged",
     )
@@ -284,7 +282,7 @@ def test_garbage_lookupd_is_logged_and_skipped(nsqd, consumers, garbage_lookupd,
     bodies = [b"g%d" % i for i in range(10)]
     publish(nsqd.nsqd, "f_garbage", bodies)
     bad = garbage_lookupd(body)
-    caplog.set_level(logging.WARNING, logger="nsqclient.consumer")
+    caplog.set_level(logging.WARNING, logger="nsqclient")
     seen = Seen()
     consumer = consumers(
         "f_garbage",
@@ -300,7 +298,9 @@ def test_garbage_lookupd_is_logged_and_skipped(nsqd, consumers, garbage_lookupd,
     wait_for(lambda: bad.hits >= 3, TIMEOUT)
     port = str(bad.server_address[1])
     assert [
-        r for r in caplog.records if r.name == "nsqclient.consumer" and port in r.getMessage()
+        r
+        for r in caplog.records
+        if r.name in ("nsqclient.lookup", "nsqclient.consumer") and port in r.getMessage()
     ], [r.getMessage() for r in caplog.records]
     assert [c.address for c in consumer.connections()] == [nsqd.nsqd.tcp_address]
     wait_drained(nsqd.nsqd, "f_garbage", "ch")

@@ -204,7 +204,7 @@ def _publish(producers: list[Producer], topic: str, batch: list[bytes]) -> str |
             else:
                 producer.mpub(topic, batch)
         except (NSQError, OSError) as exc:
-            where = ", ".join(str(s["address"]) for s in producer.stats())
+            where = ", ".join(str(s["address"]) for s in producer.stats()["nsqd"])
             return f"publishing to nsqd {where} failed: {exc}"
     return None
 

@@ -119,10 +119,9 @@ def message_json(message: Message, topic: str) -> dict[str, Any]:
         if value is not None:
             out[field] = value
     if message.ext is not None:
-        try:
-            out["ext"] = json.loads(message.ext)
-        except ValueError:
-            out["ext_base64"] = base64.b64encode(message.ext).decode("ascii")
+        out["ext"] = message.ext
+    elif message.ext_raw:
+        out["ext_base64"] = base64.b64encode(message.ext_raw).decode("ascii")
     return out
 
 

@@ -1,0 +1,139 @@
+"""Which nsqd a Producer's publish goes to when it learns topics by lookup.
+
+A :class:`Router` asks nsqlookupd (``access=w&metainfo=true``) where a topic is written, keeps
+the answer per topic for ``refresh_interval`` seconds (or until a publish error says it is
+stale), and picks ``(partition, "host:tcp_port")`` for each publish: the partition given, the
+partition of a sharding key (:func:`~nsqclient.partitions.key_partition`), or the next
+partition round-robin.  A classic topic (no partitions in the answer) goes round-robin over
+the nsqd that have it, or, for a topic no nsqd has yet, over every nsqd lookupd knows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .checks import check_int
+from .errors import NoRouteError
+from .http import HTTPError, TopicNotFoundError, producer_address
+from .lookup import LookupdPool
+from .partitions import TopicRoute, key_partition, route_from_lookup
+
+__all__ = ["Router"]
+
+logger = logging.getLogger("nsqclient.router")
+
+
+class Router:
+    """Routes of the topics a Producer publishes, by lookup.
+
+    Args:
+        pool: the nsqlookupds to ask.
+        refresh_interval: seconds a topic's route is used before it is asked again.
+        clock: the monotonic clock.
+    """
+
+    def __init__(
+        self,
+        pool: LookupdPool,
+        refresh_interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.pool = pool
+        self.refresh_interval = refresh_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._routes: dict[str, tuple[TopicRoute, float]] = {}
+        #: one lock per topic being looked up, so one lookup serves every waiting publisher
+        self._fetching: dict[str, threading.Lock] = {}
+        self._rr = itertools.count()
+        self._next_members = 0.0
+
+    def route(self, topic: str) -> TopicRoute:
+        """The topic's route, from the cache or a fresh lookup (which may raise HTTPError)."""
+        now = self._clock()
+        cached = self._routes.get(topic)
+        if cached is not None and now - cached[1] < self.refresh_interval:
+            return cached[0]
+        with self._lock:
+            fetch_lock = self._fetching.setdefault(topic, threading.Lock())
+        with fetch_lock:
+            cached = self._routes.get(topic)
+            if cached is not None and self._clock() - cached[1] < self.refresh_interval:
+                return cached[0]
+            route = self._fetch(topic)
+            self._routes[topic] = (route, self._clock())
+            return route
+
+    def invalidate(self, topic: str) -> None:
+        """Forget the topic's route: the next publish looks it up again."""
+        self._routes.pop(topic, None)
+
+    def _fetch(self, topic: str) -> TopicRoute:
+        if self._clock() >= self._next_members:
+            self._next_members = self._clock() + self.refresh_interval
+            self.pool.refresh_members()
+        try:
+            result = self.pool.first(lambda c: c.lookup(topic, "w", True))
+        except TopicNotFoundError:
+            result = {"channels": [], "producers": []}
+        except HTTPError as exc:
+            if "no channel" in exc.message.lower():
+                raise NoRouteError(
+                    f"{exc} (youzan's lookupd names no nsqd to write topic {topic!r}"
+                    " until the topic has a channel: create one, e.g. in nsqadmin or by"
+                    " starting a consumer)"
+                ) from exc
+            raise
+        route = route_from_lookup(topic, result)
+        if route.partitioned or route.nsqd:
+            logger.debug("route of %s: %s", topic, route)
+            return route
+        # A classic topic no nsqd has yet: any nsqd will create it.
+        nodes = self.pool.first(lambda c: c.nodes())
+        addresses = tuple(dict.fromkeys(producer_address(n) for n in nodes))
+        return TopicRoute(topic=topic, leaders={}, nsqd=addresses)
+
+    def choose(
+        self,
+        topic: str,
+        partition: int | None = None,
+        key: bytes | str | int | None = None,
+    ) -> tuple[int | None, str]:
+        """``(partition, "host:tcp_port")`` for one publish to ``topic``.
+
+        Raises ValueError for a partition the topic does not have, or a partition or key on
+        a topic that has no partitions; NoRouteError when lookup names no nsqd for it."""
+        route = self.route(topic)
+        if not route.partitioned:
+            if partition is not None or key is not None:
+                raise ValueError(
+                    f"topic {topic!r} has no partitions (lookup answered in classic NSQ's"
+                    " shape): publish it without partition= or key="
+                )
+            if not route.nsqd:
+                raise NoRouteError(f"lookupd knows no nsqd to publish {topic!r} to")
+            return None, route.nsqd[next(self._rr) % len(route.nsqd)]
+        if key is not None:
+            partition = key_partition(key, route.partition_num)
+        elif partition is not None:
+            check_int(partition, "partition", min=0)
+            if partition >= route.partition_num:
+                raise ValueError(
+                    f"topic {topic!r} has {route.partition_num} partitions"
+                    f" (0..{route.partition_num - 1}), not partition {partition}"
+                )
+        else:
+            live = sorted(route.leaders)
+            if not live:
+                raise NoRouteError(f"lookupd names no leader for any partition of {topic!r}", True)
+            partition = live[next(self._rr) % len(live)]
+        address = route.leader(partition)
+        if address is None:
+            raise NoRouteError(
+                f"lookupd names no leader for partition {partition} of {topic!r} now", True
+            )
+        return partition, address
