@@ -667,6 +667,107 @@ def add_repeat_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Profiling, ``--child-timeout``, ``--repeat`` and ``--quick``."""
+    add_profile_arguments(parser)
+    parser.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child")
+    add_repeat_argument(parser)
+
+
+def apply_quick(args: argparse.Namespace) -> None:
+    """``--quick``'s limits on what both scripts share: the memory run, the Go tool's run
+    time, one repeat and the child timeout."""
+    args.rss_messages = min(args.rss_messages, 4000)
+    args.go_runfor = min(args.go_runfor, 0.2)
+    args.repeat = 1
+    args.child_timeout = min(args.child_timeout, 120.0)
+
+
+def client_list(parser: argparse.ArgumentParser, clients: str, known: Sequence[str]) -> list[str]:
+    """The comma-separated ``clients``; a parser error for one not in ``known``."""
+    names = [c.strip() for c in clients.split(",") if c.strip()]
+    for c in names:
+        if c not in known:
+            parser.error(f"unknown client {c!r}")
+    return names
+
+
+def run_as_child(argv: Sequence[str], child_main: Callable[[dict[str, Any]], None]) -> bool:
+    """Run ``child_main`` when this process is a child (``--child SPEC``); True then."""
+    if len(argv) == 2 and argv[0] == "--child":
+        child_main(json.loads(argv[1]))
+        return True
+    return False
+
+
+def go_tool_result(out: dict[str, Any], seconds: float, messages: float) -> dict[str, Any]:
+    """A Go bench tool's rate, run time and CPU as a measured result (CPU per message over
+    ``messages``)."""
+    return {
+        "rate": out["rate"],
+        "seconds": seconds,
+        "cpu": out["cpu"],
+        "us_per_msg": out["cpu"] / messages * 1e6 if messages else None,
+    }
+
+
+def print_not_measured(notes: Sequence[str], report: bool = False) -> None:
+    """The clients left out: on stderr while measuring, after the table in the ``report``."""
+    for note in notes:
+        if report:
+            print(f"\nnot measured: {note}")
+        else:
+            print(f"  (not measured) {note}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------ reports
+
+
+def rate_cell(r: dict[str, Any] | None) -> str:
+    """``"12,345/s (4.5 us)"``: a result's rate and CPU per message; ``>=`` before a rate that
+    is a lower bound (the Go reader ran dry), ``-`` when not measured."""
+    if not r or not r.get("rate"):
+        return "-"
+    text = f"{r['rate']:,.0f}/s"
+    if r.get("us_per_msg") is not None:
+        text += f" ({r['us_per_msg']:.1f} us)"
+    if r.get("drained"):
+        text = ">= " + text
+    return text
+
+
+def print_report_intro(title: str, broker: Broker, cells: str) -> None:
+    """The report's title, the broker and machine, and what its cells hold."""
+    print()
+    print(title)
+    print()
+    print(f"broker: {broker.description}; {describe_machine()}")
+    print(cells)
+    print()
+
+
+def comparison_headers(tool: str, *more: str) -> list[str]:
+    """The headers of a comparison table: the case, nsqclient, pynsq and gnsq (with their
+    versions), the Go ``tool``, then ``more``."""
+    versions = library_versions()
+    return [
+        "case",
+        "nsqclient",
+        f"pynsq {versions.get('pynsq', '?')}",
+        f"gnsq {versions.get('gnsq', '-')}",
+        tool,
+        *more,
+    ]
+
+
+def print_rss_growth(what: str, since: str, growth_mib: float) -> None:
+    """The memory verdict: ``growth_mib`` from ``since`` to 100% of ``what``, against 10 MB."""
+    print(
+        f"\nRSS growth over {what} ({since} -> 100%): {growth_mib:+.1f} MiB; target < 10 MB: "
+        f"{target_check(growth_mib, 10.0, at_most=True)}"
+    )
+
+
 # ------------------------------------------------------------------------------ Markdown
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import threading
 import time
@@ -410,13 +409,7 @@ def measure_bench_reader(
     left = (common.channel_stats(broker.http_address, topic, CHANNEL) or {}).get("depth")
     common.delete_topic(broker.http_address, topic)
     messages = out["rate"] * args.go_runfor
-    result = {
-        "rate": out["rate"],
-        "seconds": args.go_runfor,
-        "cpu": out["cpu"],
-        "us_per_msg": out["cpu"] / messages * 1e6 if messages else None,
-        "drained": left == 0,
-    }
+    result = {**common.go_tool_result(out, args.go_runfor, messages), "drained": left == 0}
     note = (
         "; the channel ran dry before --go-runfor ended: the rate is a lower bound "
         "(raise --go-messages)"
@@ -473,9 +466,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--go-runfor", type=float, default=1.0, help="bench_reader's --runfor in seconds (1)"
     )
-    common.add_profile_arguments(parser)
-    parser.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child")
-    common.add_repeat_argument(parser)
+    common.add_run_arguments(parser)
     parser.add_argument(
         "--stall-timeout",
         type=float,
@@ -485,17 +476,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.messages = min(args.messages, 3000)
-        args.rss_messages = min(args.rss_messages, 4000)
         args.go_messages = min(args.go_messages, 50_000)
-        args.go_runfor = min(args.go_runfor, 0.2)
-        args.repeat = 1
         args.stall_timeout = min(args.stall_timeout, 15.0)
-        args.child_timeout = min(args.child_timeout, 120.0)
+        common.apply_quick(args)
     args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    args.client_list = [c.strip() for c in args.clients.split(",") if c.strip()]
-    for c in args.client_list:
-        if c not in CLIENTS:
-            parser.error(f"unknown client {c!r}")
+    args.client_list = common.client_list(parser, args.clients, CLIENTS)
     if args.messages < 4:
         parser.error("--messages must be at least 4")
     if args.repeat < 1:
@@ -511,17 +496,6 @@ def _growth(rss: dict[str, int], since: str) -> str:
     if "100%" not in rss or since not in rss:
         return "-"
     return f"{(rss['100%'] - rss[since]) / 1024:+.1f}"
-
-
-def _cell(r: dict[str, Any] | None) -> str:
-    if not r or not r.get("rate"):
-        return "-"
-    text = f"{r['rate']:,.0f}/s"
-    if r.get("us_per_msg") is not None:
-        text += f" ({r['us_per_msg']:.1f} us)"
-    if r.get("drained"):
-        text = ">= " + text
-    return text
 
 
 def plan(args: argparse.Namespace, broker: common.Broker) -> tuple[list[Config], list[str]]:
@@ -560,8 +534,7 @@ def plan(args: argparse.Namespace, broker: common.Broker) -> tuple[list[Config],
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "--child":
-        child_main(json.loads(argv[1]))
+    if common.run_as_child(argv, child_main):
         return 0
     args = parse_args(argv)
     mem_queue = args.mem_queue_size or (
@@ -577,8 +550,7 @@ def main(argv: list[str]) -> int:
             f"max_in_flight {args.max_in_flight}; best of {args.repeat}, interleaved",
             file=sys.stderr,
         )
-        for note in skipped:
-            print(f"  (not measured) {note}", file=sys.stderr)
+        common.print_not_measured(skipped)
         for _ in range(args.repeat):
             for config in configs:
                 runs[config.name].append(measure(args, broker, config))
@@ -593,17 +565,13 @@ def main(argv: list[str]) -> int:
             )
     # The best run of each configuration (the one least disturbed by other work).
     best = {name: max(results, key=lambda r: r["rate"] or 0) for name, results in runs.items()}
-    versions = common.library_versions()
-
-    print()
-    print(
+    common.print_report_intro(
         f"### consume: no-op handler, max_in_flight {args.max_in_flight}, {args.messages:,} x "
-        f"{args.size}-byte messages, best of {args.repeat} (interleaved)"
+        f"{args.size}-byte messages, best of {args.repeat} (interleaved)",
+        broker,
+        "cells: msg/s (CPU us/msg = consumer process CPU time / messages, all its threads)",
     )
-    print()
-    print(f"broker: {broker.description}; {common.describe_machine()}")
-    print("cells: msg/s (CPU us/msg = consumer process CPU time / messages, all its threads)")
-    print()
+    cell = common.rate_cell
     py, gn, go = best.get("pynsq"), best.get("gnsq"), best.get("bench_reader")
     rows = []
     for c, target in ((1, 8.0), (4, 6.0)):
@@ -614,10 +582,10 @@ def main(argv: list[str]) -> int:
         rows.append(
             [
                 f"consume, concurrency {c}",
-                _cell(ours),
-                _cell(py),
-                _cell(gn),
-                _cell(go),
+                cell(ours),
+                cell(py),
+                cell(gn),
+                cell(go),
                 f"{common.fmt_x(r)} pynsq"
                 + (f", {common.fmt_x(common.ratio(ours['rate'], gn['rate']))} gnsq" if gn else "")
                 + (f", {common.fmt_x(common.ratio(ours['rate'], go['rate']))} Go" if go else ""),
@@ -632,7 +600,7 @@ def main(argv: list[str]) -> int:
         rows.append(
             [
                 f"consume, concurrency 1, {args.spread} nsqd at once",
-                _cell(spread),
+                cell(spread),
                 "-",
                 "-",
                 "-",
@@ -641,23 +609,9 @@ def main(argv: list[str]) -> int:
                 common.target_check(r, 1.0),
             ]
         )
-    print(
-        common.markdown_table(
-            [
-                "case",
-                "nsqclient",
-                f"pynsq {versions.get('pynsq', '?')}",
-                f"gnsq {versions.get('gnsq', '-')}",
-                "go-nsq bench_reader",
-                "ratio",
-                "target",
-                "met",
-            ],
-            rows,
-        )
-    )
-    for note in skipped:
-        print(f"\nnot measured: {note}")
+    headers = common.comparison_headers("go-nsq bench_reader", "ratio", "target", "met")
+    print(common.markdown_table(headers, rows))
+    common.print_not_measured(skipped, report=True)
     print()
     print("resident memory of the consumer process, MiB (VmRSS; peak = VmHWM; best runs)")
     print()
@@ -681,10 +635,8 @@ def main(argv: list[str]) -> int:
     if rss_run is not None:
         rss = rss_run["rss_kib"]
         growth_mib = (rss["100%"] - rss["first message"]) / 1024
-        print(
-            f"\nRSS growth over {args.rss_messages:,} messages consumed (first message -> 100%): "
-            f"{growth_mib:+.1f} MiB; target < 10 MB: "
-            f"{common.target_check(growth_mib, 10.0, at_most=True)}"
+        common.print_rss_growth(
+            f"{args.rss_messages:,} messages consumed", "first message", growth_mib
         )
     return 0
 

@@ -41,10 +41,10 @@ that nsqd's ``/stats`` counts exactly the messages published.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import _common as common
@@ -123,14 +123,7 @@ def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
                 first = failed[0].exception() if failed else None
                 return {"error": f"{len(not_done)} unanswered, {len(failed)} failed: {first!r}"}
         elif publishers == 1:
-            latencies = []
-            clock = time.perf_counter
-            window.start()
-            for _ in range(n):
-                t0 = clock()
-                producer.pub(topic, body)
-                latencies.append(clock() - t0)
-            extra = common.latency_summary(latencies)
+            extra = _one_at_a_time(window, n, producer.pub, topic, body)
         else:
             threads = [
                 threading.Thread(target=publish, args=(count,), name=f"bench-pub-{i}")
@@ -172,6 +165,21 @@ def _nsqclient_memory(
         pending.popleft().result(60.0)
     window.stop()
     return {"rss_kib": rss}
+
+
+def _one_at_a_time(
+    window: common.CpuWindow, n: int, publish: Callable[[str, bytes], Any], topic: str, body: bytes
+) -> dict[str, float]:
+    """Start ``window`` and ``publish`` n times, each after the last returned: the latency
+    summary of the calls."""
+    latencies = []
+    clock = time.perf_counter
+    window.start()
+    for _ in range(n):
+        t0 = clock()
+        publish(topic, body)
+        latencies.append(clock() - t0)
+    return common.latency_summary(latencies)
 
 
 def _split_batches(n: int, batch: int) -> list[int]:
@@ -288,14 +296,7 @@ def run_gnsq(spec: dict[str, Any]) -> dict[str, Any]:
                 for result in results:
                     result.get(timeout=600.0)
             elif publishers == 1:
-                latencies = []
-                clock = time.perf_counter
-                window.start()
-                for _ in range(n):
-                    t0 = clock()
-                    producer.publish(topic, body)
-                    latencies.append(clock() - t0)
-                extra = common.latency_summary(latencies)
+                extra = _one_at_a_time(window, n, producer.publish, topic, body)
             else:
 
                 def publish(count: int) -> None:
@@ -571,12 +572,7 @@ def measure_bench_writer(args: argparse.Namespace, broker: common.Broker, case: 
     )
     counted = common.topic_message_count(broker.http_address, topic)
     common.delete_topic(broker.http_address, topic)
-    result = {
-        "rate": out["rate"],
-        "seconds": args.go_runfor,
-        "cpu": out["cpu"],
-        "us_per_msg": out["cpu"] / counted * 1e6 if counted else None,
-    }
+    result = common.go_tool_result(out, args.go_runfor, counted)
     print(
         f"  {case:10} {'bench_writer':12} {counted:>9,} msgs in {args.go_runfor:7.2f}s = "
         f"{out['rate']:>10,.0f} msg/s, {result['us_per_msg'] or 0:5.1f} us CPU/msg (whole "
@@ -622,38 +618,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(CLIENTS)} (default: all; gnsq and "
         "bench_writer are left out when gnsq does not import / NSQ_BIN_DIR has no bench_writer)",
     )
-    common.add_profile_arguments(parser)
-    parser.add_argument("--child-timeout", type=float, default=900.0, help="seconds per child")
-    common.add_repeat_argument(parser)
+    common.add_run_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.messages = min(args.messages, 500)
         args.pipelined_messages = min(args.pipelined_messages, 2000)
         args.mpub_messages = min(args.mpub_messages, 4000)
-        args.rss_messages = min(args.rss_messages, 4000)
-        args.go_runfor = min(args.go_runfor, 0.2)
-        args.repeat = 1
-        args.child_timeout = min(args.child_timeout, 120.0)
+        common.apply_quick(args)
     args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
     for c in args.case_list:
         if c not in CASES:
             parser.error(f"unknown case {c!r}; choose from {list(CASES)}")
-    args.client_list = [c.strip() for c in args.clients.split(",") if c.strip()]
-    for c in args.client_list:
-        if c not in CLIENTS:
-            parser.error(f"unknown client {c!r}")
+    args.client_list = common.client_list(parser, args.clients, CLIENTS)
     if min(args.messages, args.pipelined_messages, args.mpub_messages, args.repeat) < 1:
         parser.error("message counts and --repeat must be positive")
     return args
-
-
-def _cell(r: dict[str, Any] | None) -> str:
-    if not r or not r.get("rate"):
-        return "-"
-    text = f"{r['rate']:,.0f}/s"
-    if r.get("us_per_msg") is not None:
-        text += f" ({r['us_per_msg']:.1f} us)"
-    return text
 
 
 def _latency(r: dict[str, Any] | None) -> str:
@@ -673,8 +652,7 @@ def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "--child":
-        child_main(json.loads(argv[1]))
+    if common.run_as_child(argv, child_main):
         return 0
     args = parse_args(argv)
     skipped: list[str] = []
@@ -697,8 +675,7 @@ def main(argv: list[str]) -> int:
             "interleaved",
             file=sys.stderr,
         )
-        for note in skipped:
-            print(f"  (not measured) {note}", file=sys.stderr)
+        common.print_not_measured(skipped)
         for _ in range(args.repeat):
             for case in args.case_list:
                 for client in CASE_CLIENTS[case]:
@@ -714,7 +691,6 @@ def main(argv: list[str]) -> int:
             )
             memory = measure(args, broker, "memory", "nsqclient")
     best = {key: _best(results) for key, results in runs.items()}
-    versions = common.library_versions()
 
     def get(case: str, client: str) -> dict[str, Any] | None:
         return best.get((case, client))
@@ -723,35 +699,37 @@ def main(argv: list[str]) -> int:
         r = get(case, client)
         return r["rate"] if r else None
 
-    print()
-    print(
+    def row(
+        case: str, label: str, cell: Any, tool: str, compared: str, target: str, met: str
+    ) -> list[str]:
+        """A row of the table: ``cell`` of each client's best run of ``case``."""
+        clients = [cell(get(case, client)) for client in ("nsqclient", "pynsq", "gnsq")]
+        floor = f"socket {cell(get(case, 'socket'))}"
+        return [label, *clients, tool, floor, compared, target, met]
+
+    common.print_report_intro(
         f"### publish: {args.size}-byte messages, best of {args.repeat} (interleaved); "
         f"pipelined x{args.pipelined_messages:,}, pub x{args.messages:,}, "
-        f"MPUB {args.mpub_messages:,} messages"
-    )
-    print()
-    print(f"broker: {broker.description}; {common.describe_machine()}")
-    print(
+        f"MPUB {args.mpub_messages:,} messages",
+        broker,
         "cells: msg/s (CPU us/msg = publisher process CPU time / messages, all its threads); "
-        "latency: best p50 / best p99 over the runs"
+        "latency: best p50 / best p99 over the runs",
     )
-    print()
+    cell = common.rate_cell
     rows = []
     if "pipelined" in args.case_list:
         r = common.ratio(rate("pipelined", "nsqclient"), rate("pipelined", "pynsq"))
         rg = common.ratio(rate("pipelined", "nsqclient"), rate("pipelined", "gnsq"))
         rows.append(
-            [
+            row(
+                "pipelined",
                 f"pipelined from one thread (pub_async x{args.pipelined_messages:,}, then wait)",
-                _cell(get("pipelined", "nsqclient")),
-                _cell(get("pipelined", "pynsq")),
-                _cell(get("pipelined", "gnsq")),
+                cell,
                 "-",
-                f"socket {_cell(get('pipelined', 'socket'))}",
                 f"{common.fmt_x(r)} pynsq, {common.fmt_x(rg)} gnsq",
                 ">= 4x pynsq",
                 common.target_check(r, 4.0),
-            ]
+            )
         )
     if "pub x1" in args.case_list:
         ours, floor = get("pub x1", "nsqclient"), get("pub x1", "socket")
@@ -761,82 +739,59 @@ def main(argv: list[str]) -> int:
         if p50 is not None and p99 is not None:
             met = "ok" if p50 <= 1.5 and p99 <= 2.0 else "MISS"
         rows.append(
-            [
+            row(
+                "pub x1",
                 "one blocking pub() at a time: latency p50 / p99",
-                _latency(ours),
-                _latency(get("pub x1", "pynsq")),
-                _latency(get("pub x1", "gnsq")),
+                _latency,
                 "-",
-                f"socket {_latency(floor)}",
                 f"p50 {common.fmt_x(p50)}, p99 {common.fmt_x(p99)} socket",
                 "p50 <= 1.5x, p99 <= 2x socket",
                 met,
-            ]
+            )
         )
         r = common.ratio(rate("pub x1", "nsqclient"), rate("pub x1", "pynsq"))
         rows.append(
-            [
+            row(
+                "pub x1",
                 "one blocking pub() at a time: rate",
-                _cell(ours),
-                _cell(get("pub x1", "pynsq")),
-                _cell(get("pub x1", "gnsq")),
+                cell,
                 "-",
-                f"socket {_cell(floor)}",
                 f"{common.fmt_x(r)} pynsq",
                 "-",
                 "-",
-            ]
+            )
         )
     if "pub x8" in args.case_list:
         r = common.ratio(rate("pub x8", "nsqclient"), rate("pub x8", "pynsq"))
         rows.append(
-            [
+            row(
+                "pub x8",
                 "8 threads sharing one Producer, pub() (pynsq: 8 callback chains)",
-                _cell(get("pub x8", "nsqclient")),
-                _cell(get("pub x8", "pynsq")),
-                _cell(get("pub x8", "gnsq")),
+                cell,
                 "-",
-                f"socket {_cell(get('pub x8', 'socket'))}",
                 f"{common.fmt_x(r)} pynsq",
                 ">= 1x pynsq",
                 common.target_check(r, 1.0),
-            ]
+            )
         )
     if "mpub x200" in args.case_list:
         go = rate("mpub x200", "bench_writer")
         r = common.ratio(rate("mpub x200", "nsqclient"), go)
         rp = common.ratio(rate("mpub x200", "nsqclient"), rate("mpub x200", "pynsq"))
         rows.append(
-            [
+            row(
+                "mpub x200",
                 "MPUB x200",
-                _cell(get("mpub x200", "nsqclient")),
-                _cell(get("mpub x200", "pynsq")),
-                _cell(get("mpub x200", "gnsq")),
-                "bench_writer " + _cell(get("mpub x200", "bench_writer")),
-                f"socket {_cell(get('mpub x200', 'socket'))}",
+                cell,
+                "bench_writer " + cell(get("mpub x200", "bench_writer")),
                 f"{common.fmt_x(r)} bench_writer, {common.fmt_x(rp)} pynsq",
                 ">= 0.85x bench_writer",
                 common.target_check(r, 0.85),
-            ]
+            )
         )
-    print(
-        common.markdown_table(
-            [
-                "case",
-                "nsqclient",
-                f"pynsq {versions.get('pynsq', '?')}",
-                f"gnsq {versions.get('gnsq', '-')}",
-                "go-nsq tool",
-                "floor",
-                "ratio",
-                "target",
-                "met",
-            ],
-            rows,
-        )
-    )
-    for note in skipped:
-        print(f"\nnot measured: {note}")
+    headers = common.comparison_headers("go-nsq tool", "floor", "ratio", "target", "met")
+    print(common.markdown_table(headers, rows))
+    common.print_not_measured(skipped, report=True)
     print()
     print("every client, msg/s (best run); latency p50/p99 where kept")
     print()
@@ -845,7 +800,7 @@ def main(argv: list[str]) -> int:
         for client in CASE_CLIENTS[case]:
             r = get(case, client)
             if r:
-                matrix.append([case, client, _cell(r), _latency(r)])
+                matrix.append([case, client, cell(r), _latency(r)])
     print(common.markdown_table(["case", "client", "msg/s (CPU us/msg)", "p50 / p99"], matrix))
     if memory is not None:
         rss = memory["rss_kib"]
@@ -864,11 +819,7 @@ def main(argv: list[str]) -> int:
                 [[*(f"{rss[p] / 1024:.1f}" for p in points), f"{growth:+.1f}", f"{steady:+.1f}"]],
             )
         )
-        print(
-            f"\nRSS growth over {args.rss_messages:,} pub_async (before -> 100%): "
-            f"{growth:+.1f} MiB; target < 10 MB: "
-            f"{common.target_check(growth, 10.0, at_most=True)}"
-        )
+        common.print_rss_growth(f"{args.rss_messages:,} pub_async", "before", growth)
     return 0
 
 

@@ -13,9 +13,9 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import __version__
 from ..config import OPTIONS, Config
@@ -35,6 +35,9 @@ __all__ = [
     "topic_name",
     "channel_name",
     "add_nsqd_tcp_flag",
+    "add_topics_flag",
+    "add_source_flags",
+    "add_count_flag",
     "add_lookupd_flag",
     "add_log_level_flag",
     "add_options_flag",
@@ -45,12 +48,15 @@ __all__ = [
     "check_nsqd_reachable",
     "check_lookupd_reachable",
     "check_sources",
+    "check_reachable",
     "describe_error",
     "tcp_address",
     "go_style_flags",
 ]
 
 logger = logging.getLogger("nsqclient.cli.common")
+
+_N = TypeVar("_N", int, float)
 
 
 class CLIError(Exception):
@@ -108,20 +114,28 @@ def parse_duration(text: str) -> float:
     return -total if text.startswith("-") else total
 
 
-def positive_duration(text: str) -> float:
-    """A duration that must be > 0."""
-    value = parse_duration(text)
+def _positive(value: _N, text: str) -> _N:
+    """``value`` (parsed from ``text``) when > 0."""
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text!r}")
     return value
 
 
-def non_negative_duration(text: str) -> float:
-    """A duration that must be >= 0 (0 usually means disabled)."""
-    value = parse_duration(text)
+def _non_negative(value: _N, text: str) -> _N:
+    """``value`` (parsed from ``text``) when >= 0."""
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, not {text!r}")
     return value
+
+
+def positive_duration(text: str) -> float:
+    """A duration that must be > 0."""
+    return _positive(parse_duration(text), text)
+
+
+def non_negative_duration(text: str) -> float:
+    """A duration that must be >= 0 (0 usually means disabled)."""
+    return _non_negative(parse_duration(text), text)
 
 
 def _int(text: str) -> int:
@@ -133,18 +147,12 @@ def _int(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """An integer > 0."""
-    value = _int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {text!r}")
-    return value
+    return _positive(_int(text), text)
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, not {text!r}")
-    return value
+    return _non_negative(_int(text), text)
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.I)
@@ -159,24 +167,23 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * scale
 
 
-def topic_name(text: str) -> str:
-    """A valid NSQ topic name."""
-    if not valid_topic_name(text):
+def _valid_name(what: str, valid: Callable[[str], bool], text: str) -> str:
+    if not valid(text):
         raise argparse.ArgumentTypeError(
-            f"invalid topic name {text!r}: 1-64 characters of [.a-zA-Z0-9_-], "
+            f"invalid {what} name {text!r}: 1-64 characters of [.a-zA-Z0-9_-], "
             "optionally ending in #ephemeral"
         )
     return text
+
+
+def topic_name(text: str) -> str:
+    """A valid NSQ topic name."""
+    return _valid_name("topic", valid_topic_name, text)
 
 
 def channel_name(text: str) -> str:
     """A valid NSQ channel name."""
-    if not valid_channel_name(text):
-        raise argparse.ArgumentTypeError(
-            f"invalid channel name {text!r}: 1-64 characters of [.a-zA-Z0-9_-], "
-            "optionally ending in #ephemeral"
-        )
-    return text
+    return _valid_name("channel", valid_channel_name, text)
 
 
 def tcp_address(text: str) -> str:
@@ -200,6 +207,41 @@ def add_nsqd_tcp_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
         metavar="HOST:PORT",
         help=help_text + " (may be given multiple times)",
     )
+
+
+def add_topics_flag(parser: argparse.ArgumentParser) -> None:
+    """``--topic``, required, may be given multiple times (into ``args.topics``)."""
+    parser.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        type=topic_name,
+        required=True,
+        metavar="TOPIC",
+        help="NSQ topic (may be given multiple times)",
+    )
+
+
+def add_source_flags(
+    parser: argparse.ArgumentParser, channel_default: str | None, channel_help: str
+) -> None:
+    """What a consuming tool reads: ``--topic`` (repeatable), ``--channel``,
+    ``--nsqd-tcp-address`` and ``--lookupd-http-address``."""
+    add_topics_flag(parser)
+    parser.add_argument("--channel", type=channel_name, default=channel_default, help=channel_help)
+    add_nsqd_tcp_flag(parser, "nsqd TCP address")
+    add_lookupd_flag(parser)
+
+
+def add_count_flag(
+    parser: argparse.ArgumentParser,
+    *flags: str,
+    default: int,
+    help: str,
+    kind: Any = positive_int,
+) -> None:
+    """A whole-number flag (``N``): by default positive."""
+    parser.add_argument(*flags, type=kind, default=default, metavar="N", help=help)
 
 
 def add_lookupd_flag(parser: argparse.ArgumentParser) -> None:
@@ -425,3 +467,14 @@ def check_sources(args: argparse.Namespace) -> None:
             LookupdClient(address).close()
         except ValueError as exc:
             raise UsageError(f"--lookupd-http-address: {exc}") from None
+
+
+def check_reachable(args: argparse.Namespace, options: dict[str, Any], topic: str) -> None:
+    """The consuming tools' preflight: each --nsqd-tcp-address and --lookupd-http-address
+    given must answer (within the dial timeout of ``options`` and a second; lookupd gets
+    four more), see :func:`check_nsqd_reachable` and :func:`check_lookupd_reachable`."""
+    timeout = float(options.get("dial_timeout", 1.0)) + 1.0
+    if args.nsqd_tcp_addresses:
+        check_nsqd_reachable(args.nsqd_tcp_addresses, timeout)
+    if args.lookupd_http_addresses:
+        check_lookupd_reachable(args.lookupd_http_addresses, topic, timeout + 4.0)

@@ -28,12 +28,12 @@ from .common import (
     CLIError,
     StopSignals,
     UsageError,
+    add_count_flag,
     add_log_level_flag,
     add_nsqd_tcp_flag,
     add_options_flag,
     client_options,
     non_negative_int,
-    positive_int,
     setup_logging,
     topic_name,
     user_agent,
@@ -64,18 +64,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the single byte that ends a message (default: newline); escapes such as \\t, "
         "\\0 or \\x1e are understood",
     )
-    p.add_argument(
+    add_count_flag(
+        p,
         "--rate",
-        type=non_negative_int,
         default=0,
-        metavar="N",
+        kind=non_negative_int,
         help="publish at most N messages a second; 0: as fast as possible (default)",
     )
-    p.add_argument(
+    add_count_flag(
+        p,
         "--batch-size",
-        type=positive_int,
         default=200,
-        metavar="N",
         help="messages in one MPUB at most; 1 publishes each with PUB (default: 200)",
     )
     add_options_flag(p, "--producer-opt", "Producer")

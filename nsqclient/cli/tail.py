@@ -22,19 +22,15 @@ from ..message import Message
 from .common import (
     StopSignals,
     UsageError,
+    add_count_flag,
     add_log_level_flag,
-    add_lookupd_flag,
-    add_nsqd_tcp_flag,
     add_options_flag,
-    channel_name,
-    check_lookupd_reachable,
-    check_nsqd_reachable,
+    add_source_flags,
+    check_reachable,
     check_sources,
     client_options,
     non_negative_int,
-    positive_int,
     setup_logging,
-    topic_name,
     user_agent,
 )
 
@@ -49,35 +45,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="print the messages of a topic",
         description="Print the messages of one or more topics to stdout, one a line.",
     )
-    p.add_argument(
-        "--topic",
-        dest="topics",
-        action="append",
-        type=topic_name,
-        required=True,
-        metavar="TOPIC",
-        help="NSQ topic (may be given multiple times)",
+    add_source_flags(
+        p, None, "NSQ channel (default: a new ephemeral channel, tailNNNNNN#ephemeral)"
     )
-    p.add_argument(
-        "--channel",
-        type=channel_name,
-        help="NSQ channel (default: a new ephemeral channel, tailNNNNNN#ephemeral)",
-    )
-    add_nsqd_tcp_flag(p, "nsqd TCP address")
-    add_lookupd_flag(p)
-    p.add_argument(
+    add_count_flag(
+        p,
         "-n",
         "--total",
-        type=non_negative_int,
         default=0,
-        metavar="N",
+        kind=non_negative_int,
         help="exit after printing N messages in all (waits for them); 0: run until stopped",
     )
-    p.add_argument(
+    add_count_flag(
+        p,
         "--max-in-flight",
-        type=positive_int,
         default=200,
-        metavar="N",
         help="messages nsqd may send before they are printed (default: 200)",
     )
     p.add_argument(
@@ -209,11 +191,7 @@ def run(args: argparse.Namespace) -> int:
         max_tries=0,  # print every message, however often it was delivered before
         user_agent=user_agent("tail"),
     )
-    timeout = float(options.get("dial_timeout", 1.0)) + 1.0
-    if args.nsqd_tcp_addresses:
-        check_nsqd_reachable(args.nsqd_tcp_addresses, timeout)
-    if args.lookupd_http_addresses:
-        check_lookupd_reachable(args.lookupd_http_addresses, args.topics[0], timeout + 4.0)
+    check_reachable(args, options, args.topics[0])
 
     signals = StopSignals()
     printer = Printer(

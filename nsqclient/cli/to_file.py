@@ -37,21 +37,17 @@ from .common import (
     CLIError,
     StopSignals,
     UsageError,
+    add_count_flag,
     add_log_level_flag,
-    add_lookupd_flag,
-    add_nsqd_tcp_flag,
     add_options_flag,
-    channel_name,
-    check_lookupd_reachable,
-    check_nsqd_reachable,
+    add_source_flags,
+    check_reachable,
     check_sources,
     client_options,
     non_negative_duration,
     parse_size,
     positive_duration,
-    positive_int,
     setup_logging,
-    topic_name,
     user_agent,
 )
 
@@ -71,23 +67,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Write the messages of one or more topics to files in a directory, one "
         "message a line; a message is finished only after its line is fsynced.",
     )
-    p.add_argument(
-        "--topic",
-        dest="topics",
-        action="append",
-        type=topic_name,
-        required=True,
-        metavar="TOPIC",
-        help="NSQ topic (may be given multiple times)",
-    )
-    p.add_argument(
-        "--channel",
-        type=channel_name,
-        default="nsq_to_file",
-        help="NSQ channel (default: nsq_to_file)",
-    )
-    add_nsqd_tcp_flag(p, "nsqd TCP address")
-    add_lookupd_flag(p)
+    add_source_flags(p, "nsq_to_file", "NSQ channel (default: nsq_to_file)")
     p.add_argument(
         "--output-dir", default="/tmp", help="directory to write files to (default: /tmp)"
     )
@@ -140,11 +120,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fsync and finish written messages at least this often (default: 30s); must be "
         "shorter than the msg_timeout",
     )
-    p.add_argument(
+    add_count_flag(
+        p,
         "--max-in-flight",
-        type=positive_int,
         default=200,
-        metavar="N",
         help="messages received and not yet finished, at most (default: 200)",
     )
     add_options_flag(p, "--consumer-opt", "Consumer")
@@ -497,11 +476,7 @@ def run(args: argparse.Namespace) -> int:
         t: filename_format(args.filename_format, t, host, os.getpid(), args.gzip, needs_rev)
         for t in topics
     }
-    timeout = float(options.get("dial_timeout", 1.0)) + 1.0
-    if args.nsqd_tcp_addresses:
-        check_nsqd_reachable(args.nsqd_tcp_addresses, timeout)
-    if args.lookupd_http_addresses:
-        check_lookupd_reachable(args.lookupd_http_addresses, topics[0], timeout + 4.0)
+    check_reachable(args, options, topics[0])
 
     signals = StopSignals()
     archivers = [

@@ -8,18 +8,69 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .httpserver import HTTPServerProtocol
+from .httpserver import HTTPServerProtocol, Router
 from .lookupd_db import RegistrationDB
 from .lookupd_http import LookupdHTTP
 from .lookupd_tcp import LookupConn
 from .nodes import Listeners
 
-__all__ = ["Lookupd", "RegistrationDB"]
+__all__ = ["Lookupd", "LookupdListeners", "RegistrationDB"]
 
 log = logging.getLogger("nsqclient.testing.lookupd")
 
 
-class Lookupd(Listeners):
+class LookupdListeners(Listeners):
+    """The TCP and HTTP listeners of an nsqlookupd and its open connections (shared by the
+    classic and youzan lookupds): listen, then close everything."""
+
+    loop: asyncio.AbstractEventLoop
+    #: where the HTTP listener binds when not on ``host``
+    http_host: str | None = None
+    broadcast_address: str
+    db: RegistrationDB
+    router: Router
+    stalled: bool
+    conns: set[LookupConn]
+    http_conns: set[HTTPServerProtocol]
+    _servers: list[asyncio.AbstractServer]
+
+    async def _listen(self) -> None:
+        """Open both listeners (on the same ports again after a restart; port 0 picks one)."""
+        tcp = await self.loop.create_server(
+            lambda: LookupConn(self), self.host, self.tcp_port, reuse_address=True
+        )
+        self.tcp_port = tcp.sockets[0].getsockname()[1]
+        try:
+            http = await self.loop.create_server(
+                lambda: HTTPServerProtocol(self),
+                self.http_host or self.host,
+                self.http_port,
+                reuse_address=True,
+            )
+        except BaseException:
+            tcp.close()
+            raise
+        self.http_port = http.sockets[0].getsockname()[1]
+        self._servers = [tcp, http]
+
+    async def _close_listeners(self) -> None:
+        """Close both listeners and drop every TCP and HTTP connection."""
+        for server in self._servers:
+            server.close()
+        for conn in list(self.conns):
+            if conn.transport is not None:
+                conn.transport.abort()
+        for http_conn in list(self.http_conns):
+            http_conn.close()
+        for server in self._servers:
+            try:
+                await asyncio.wait_for(server.wait_closed(), 2.0)
+            except (TimeoutError, Exception):
+                pass
+        self._servers = []
+
+
+class Lookupd(LookupdListeners):
     """One embedded nsqlookupd."""
 
     def __init__(
@@ -59,22 +110,7 @@ class Lookupd(Listeners):
         """Listen (again on the same ports after a restart) with an empty database."""
         if self.running:
             return
-        tcp = await self.loop.create_server(
-            lambda: LookupConn(self), self.host, self.tcp_port, reuse_address=True
-        )
-        self.tcp_port = tcp.sockets[0].getsockname()[1]
-        try:
-            http = await self.loop.create_server(
-                lambda: HTTPServerProtocol(self),
-                self.http_host or self.host,
-                self.http_port,
-                reuse_address=True,
-            )
-        except BaseException:
-            tcp.close()
-            raise
-        self.http_port = http.sockets[0].getsockname()[1]
-        self._servers = [tcp, http]
+        await self._listen()
         self.db = RegistrationDB()
         self.running = True
         self.stalled = False
@@ -88,19 +124,7 @@ class Lookupd(Listeners):
             return
         self.running = False
         self.stalled = False
-        for server in self._servers:
-            server.close()
-        for conn in list(self.conns):
-            if conn.transport is not None:
-                conn.transport.abort()
-        for http_conn in list(self.http_conns):
-            http_conn.close()
-        for server in self._servers:
-            try:
-                await asyncio.wait_for(server.wait_closed(), 2.0)
-            except (TimeoutError, Exception):
-                pass
-        self._servers = []
+        await self._close_listeners()
         self.registry.pop(f"{self.broadcast_address}:{self.http_port}", None)
         self.db = RegistrationDB()
 

@@ -891,7 +891,8 @@ class ClientConn(asyncio.Protocol):
 
     # subscribe and flow control
 
-    def _cmd_sub(self, params, end):
+    def _sub_names(self, params: list[bytes]) -> tuple[str, str]:
+        """The topic and channel a SUB names, after nsqd's state and parameter checks."""
         if self.state != STATE_INIT:
             raise FatalClientError("E_INVALID", "cannot SUB in current state")
         if self.heartbeat_interval <= 0:
@@ -908,6 +909,10 @@ class ClientConn(asyncio.Protocol):
             raise FatalClientError(
                 "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
             )
+        return topic_name, channel_name
+
+    def _cmd_sub(self, params, end):
+        topic_name, channel_name = self._sub_names(params)
         if not self._check_auth("SUB", topic_name, channel_name):
             return _BLOCKED
         topic = self.nsqd.get_topic(topic_name)
@@ -938,22 +943,35 @@ class ClientConn(asyncio.Protocol):
         if count < 0 or count > max_rdy:
             raise FatalClientError("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
         self.rdy = count
-        self._subscribed("RDY").client_maybe_ready(self)
+        self._rdy_changed()
         return end
+
+    def _rdy_changed(self) -> None:
+        """After RDY set a new count: let the channel send what it now may."""
+        self._subscribed("RDY").client_maybe_ready(self)
+
+    def _check_subscribed(self, cmd: str) -> None:
+        """E_INVALID unless the client is subscribed (or closing)."""
+        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
+            raise FatalClientError("E_INVALID", f"cannot {cmd} in current state")
 
     def _subscribed(self, cmd: str) -> Channel:
         """The channel of a subscribed (or closing) client; E_INVALID in any other state."""
+        self._check_subscribed(cmd)
         channel = self.channel
-        if channel is None or (self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING):
+        if channel is None:
             raise FatalClientError("E_INVALID", f"cannot {cmd} in current state")
         return channel
+
+    #: the E_INVALID text of a message id that is not 16 bytes
+    invalid_id_text = "invalid message ID"
 
     def _msg_id(self, params, cmd: str) -> bytes:
         if len(params) < 2:
             raise FatalClientError("E_INVALID", f"{cmd} insufficient number of params")
         msg_id = params[1]
         if len(msg_id) != 16:
-            raise FatalClientError("E_INVALID", "invalid message ID")
+            raise FatalClientError("E_INVALID", self.invalid_id_text)
         return msg_id
 
     def _cmd_fin(self, params, end):
@@ -983,9 +1001,7 @@ class ClientConn(asyncio.Protocol):
         channel = self._subscribed("REQ")
         if len(params) < 3:
             raise FatalClientError("E_INVALID", "REQ insufficient number of params")
-        msg_id = params[1]
-        if len(msg_id) != 16:
-            raise FatalClientError("E_INVALID", "invalid message ID")
+        msg_id = self._msg_id(params, "REQ")
         n = _base10(params[2])
         if n is None:
             raise FatalClientError("E_INVALID", b"REQ could not parse timeout " + params[2])

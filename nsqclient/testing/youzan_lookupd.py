@@ -26,9 +26,9 @@ from typing import Any
 from ..protocol import valid_topic_name
 from .gostyle import JSON_CONTENT_TYPE, NSQ_V1, go_json
 from .httpserver import HTTPServerProtocol, QueryError, Request, Response, Router, parse_query
+from .lookupd import LookupdListeners
 from .lookupd_db import RegistrationDB
 from .lookupd_tcp import LookupConn
-from .nodes import Listeners
 from .youzan_meta import MAX_PARTITION_NUM, MAX_REPLICATOR, Coordinator, TopicMeta
 from .youzan_protocol import YOUZAN_VERSION
 
@@ -61,6 +61,26 @@ def _atoi(text: str) -> int | None:
         return int(text) if text.strip() == text and text else None
     except ValueError:
         return None
+
+
+def _topic_arg(params: dict[str, list[str]]) -> str:
+    """The ``topic`` parameter; MISSING_ARG_TOPIC without one."""
+    topic = _get(params, "topic")
+    if not topic:
+        raise _Err(400, "MISSING_ARG_TOPIC")
+    return topic
+
+
+def _count_arg(params: dict[str, list[str]], name: str, limit: int, code: str) -> int:
+    """The parameter ``name``, a whole number in 1..``limit``; MISSING_ARG_<code> without it,
+    INVALID_ARG_<code> when it is anything else."""
+    text = _get(params, name)
+    if not text:
+        raise _Err(400, f"MISSING_ARG_{code}")
+    value = _atoi(text)
+    if value is None or not 0 < value <= limit:
+        raise _Err(400, f"INVALID_ARG_{code}")
+    return value
 
 
 class YouzanLookupdHTTP:
@@ -171,9 +191,7 @@ class YouzanLookupdHTTP:
         return names
 
     def lookup(self, params: dict[str, list[str]]) -> Any:
-        topic = _get(params, "topic")
-        if not topic:
-            raise _Err(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(params)
         partition = _get(params, "partition") or "*"
         access = _get(params, "access") or "r"
         if access not in ("r", "w"):
@@ -213,9 +231,7 @@ class YouzanLookupdHTTP:
         return {"topics": names}
 
     def channels(self, params: dict[str, list[str]]) -> Any:
-        topic = _get(params, "topic")
-        if not topic:
-            raise _Err(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(params)
         return {"channels": self._channels(topic, _get(params, "partition") or "*")}
 
     def nodes(self, params: dict[str, list[str]]) -> Any:
@@ -250,23 +266,11 @@ class YouzanLookupdHTTP:
         return {"lookupdleader": leader, "lookupdnodes": nodes}
 
     def topic_create(self, params: dict[str, list[str]]) -> Any:
-        topic = _get(params, "topic")
-        if not topic:
-            raise _Err(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(params)
         if not valid_topic_name(topic):
             raise _Err(400, "INVALID_ARG_TOPIC")
-        pnum_text = _get(params, "partition_num")
-        if not pnum_text:
-            raise _Err(400, "MISSING_ARG_TOPIC_PARTITION_NUM")
-        pnum = _atoi(pnum_text)
-        if pnum is None or not 0 < pnum <= MAX_PARTITION_NUM:
-            raise _Err(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
-        replica_text = _get(params, "replicator")
-        if not replica_text:
-            raise _Err(400, "MISSING_ARG_TOPIC_REPLICATOR")
-        replica = _atoi(replica_text)
-        if replica is None or not 0 < replica <= MAX_REPLICATOR:
-            raise _Err(400, "INVALID_ARG_TOPIC_REPLICATOR")
+        pnum = _count_arg(params, "partition_num", MAX_PARTITION_NUM, "TOPIC_PARTITION_NUM")
+        replica = _count_arg(params, "replicator", MAX_REPLICATOR, "TOPIC_REPLICATOR")
         if self.coordinator.lookupds and self.coordinator.lookupds[0] is not self.lookupd:
             raise _Err(400, "E_FAILED_ON_NOT_LEADER")
         meta = TopicMeta(
@@ -283,7 +287,7 @@ class YouzanLookupdHTTP:
         return None
 
 
-class YouzanLookupd(Listeners):
+class YouzanLookupd(LookupdListeners):
     """One embedded youzan nsqlookupd (HTTP answers from the metadata; a TCP listener)."""
 
     def __init__(
@@ -329,21 +333,9 @@ class YouzanLookupd(Listeners):
         """Listen (again on the same ports after a restart)."""
         if self.running:
             return
-        tcp = await self.loop.create_server(
-            lambda: LookupConn(self), self.host, self.tcp_port, reuse_address=True
-        )
-        self.tcp_port = tcp.sockets[0].getsockname()[1]
-        try:
-            http = await self.loop.create_server(
-                lambda: HTTPServerProtocol(self), self.host, self.http_port, reuse_address=True
-            )
-        except BaseException:
-            tcp.close()
-            raise
-        self.http_port = http.sockets[0].getsockname()[1]
+        await self._listen()
         if not self.rpc_port:
             self.rpc_port = self.http_port + 1 if self.http_port < 65535 else self.http_port
-        self._servers = [tcp, http]
         self.running = True
         log.info(
             "youzan nsqlookupd: TCP %s HTTP %s (%s)",
@@ -357,16 +349,4 @@ class YouzanLookupd(Listeners):
         if not self.running:
             return
         self.running = False
-        for server in self._servers:
-            server.close()
-        for conn in list(self.conns):
-            if conn.transport is not None:
-                conn.transport.abort()
-        for http_conn in list(self.http_conns):
-            http_conn.close()
-        for server in self._servers:
-            try:
-                await asyncio.wait_for(server.wait_closed(), 2.0)
-            except (TimeoutError, Exception):
-                pass
-        self._servers = []
+        await self._close_listeners()

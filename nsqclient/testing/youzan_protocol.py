@@ -16,11 +16,12 @@ import json
 import logging
 import re
 import struct
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..protocol import valid_channel_name, valid_topic_name
 from .gostyle import go_quote
 from .protocol_v2 import (
+    _BLOCKED,
     _IDENTIFY_FIELDS,
     _NEED_MORE,
     _OK_FRAME,
@@ -31,7 +32,7 @@ from .protocol_v2 import (
     _ms_to_duration_ns,
     _to_int64,
 )
-from .queues import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED
+from .queues import STATE_SUBSCRIBED
 from .youzan_meta import Coordinator, PartitionState
 from .youzan_queues import EXT_VER_JSON, EXT_VER_NONE, YChannel
 
@@ -88,6 +89,17 @@ class _BodyError(Exception):
     def __init__(self, code: str, desc: str):
         super().__init__(code)
         self.body = (code + " " + desc).encode()
+
+
+def _publish_handler(mpub: bool, trace: bool = False, ext: bool = False) -> Callable[..., int]:
+    """The handler of one of youzan's six publish commands (PUB, MPUB and their _TRACE and
+    _EXT forms)."""
+
+    def handler(conn: YouzanClientConn, params: list[bytes], end: int) -> int:
+        publish = conn._mpub if mpub else conn._pub
+        return publish(params, end, trace=trace, ext=ext)
+
+    return handler
 
 
 class YouzanClientConn(ClientConn):
@@ -165,6 +177,17 @@ class YouzanClientConn(ClientConn):
                 "E_BAD_PARTITION", f"topic partition is not valid: {exc}"
             ) from None
 
+    def _partition_state(self, topic_name: str, partition: int) -> PartitionState:
+        """The partition a SUB or PUB names (-1: this node's default one), as held on this
+        node; E_TOPIC_NOT_EXIST when this node holds no copy of it."""
+        coordinator = self.nsqd.coordinator
+        if partition == -1:
+            partition = coordinator.default_partition(self.nsqd.index, topic_name)
+        state = coordinator.copy_on(self.nsqd.index, topic_name, partition)
+        if state is None:
+            raise FatalClientError(TOPIC_NOT_EXIST, "")
+        return state
+
     def _is_leader(self, state: PartitionState) -> bool:
         return state.leader == self.nsqd.index
 
@@ -177,31 +200,11 @@ class YouzanClientConn(ClientConn):
         return self._subscribe(params, end, ordered=True)
 
     def _subscribe(self, params: list[bytes], end: int, ordered: bool) -> int:
-        if self.state != STATE_INIT:
-            raise FatalClientError("E_INVALID", "cannot SUB in current state")
-        if self.heartbeat_interval <= 0:
-            raise FatalClientError("E_INVALID", "cannot SUB with heartbeats disabled")
-        if len(params) < 3:
-            raise FatalClientError("E_INVALID", "SUB insufficient number of parameters")
-        topic_name = params[1].decode("utf-8", "surrogateescape")
-        if not valid_topic_name(topic_name):
-            raise FatalClientError(
-                "E_BAD_TOPIC", f"SUB topic name {go_quote(params[1])} is not valid"
-            )
-        channel_name = params[2].decode("utf-8", "surrogateescape")
-        if not valid_channel_name(channel_name):
-            raise FatalClientError(
-                "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
-            )
+        topic_name, channel_name = self._sub_names(params)
         partition = self._partition_param(params[3]) if len(params) == 4 else -1
         if not self._check_auth("SUB", topic_name, channel_name):
-            return -2  # an AUTH refresh is under way; run again
-        coordinator = self.nsqd.coordinator
-        if partition == -1:
-            partition = coordinator.default_partition(self.nsqd.index, topic_name)
-        state = coordinator.copy_on(self.nsqd.index, topic_name, partition)
-        if state is None:
-            raise FatalClientError(TOPIC_NOT_EXIST, "")
+            return _BLOCKED  # an AUTH refresh is under way; run again
+        state = self._partition_state(topic_name, partition)
         data = state.data
         if data.ordered and not ordered:
             raise FatalClientError(
@@ -235,7 +238,7 @@ class YouzanClientConn(ClientConn):
             "client %s sub to topic %s-%d channel %s (ordered=%s, new=%s)",
             self.remote,
             topic_name,
-            partition,
+            data.partition,
             channel_name,
             ordered,
             created,
@@ -244,67 +247,52 @@ class YouzanClientConn(ClientConn):
         return end
 
     def _ysubscribed(self, cmd: str) -> YChannel:
-        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
-            raise FatalClientError("E_INVALID", f"cannot {cmd} in current state")
+        self._check_subscribed(cmd)
         channel = self.ychannel
         if channel is None:
             raise FatalClientError("E_INVALID", "No channel")
         return channel
 
-    def _cmd_rdy(self, params, end):
-        state = self.state
-        if state == STATE_CLOSING:
-            return end
-        if state != STATE_SUBSCRIBED:
-            raise FatalClientError("E_INVALID", "cannot RDY in current state")
-        count = 1
-        if len(params) > 1:
-            n = _base10(params[1])
-            if n is None:
-                raise FatalClientError("E_INVALID", b"RDY could not parse count " + params[1])
-            count = _to_int64(n)
-        max_rdy = self.opts.max_rdy_count
-        if count < 0 or count > max_rdy:
-            raise FatalClientError("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
-        self.rdy = count
+    def _rdy_changed(self) -> None:
         if self.ychannel is not None:
             self.ychannel.schedule()
-        return end
 
     def _cmd_cls(self, params, end):
         nxt = super()._cmd_cls(params, end)
         self.subscribed = False
         return nxt
 
+    invalid_id_text = "Invalid Message ID"
+
     def _message_id(self, params: list[bytes], cmd: str) -> int:
-        if len(params) < 2:
-            raise FatalClientError("E_INVALID", f"{cmd} insufficient number of params")
-        if len(params[1]) != 16:
-            raise FatalClientError("E_INVALID", "Invalid Message ID")
-        return _U64.unpack_from(params[1])[0]
+        """The internal id (the first 8 bytes) of the raw id a FIN/REQ/TOUCH names."""
+        return _U64.unpack_from(self._msg_id(params, cmd))[0]
+
+    def _succeeded(self, cmd: str, raw_id: bytes, err: str | None) -> bool:
+        """True when a FIN/REQ/TOUCH found no error; otherwise answer youzan's non-fatal
+        ``E_<cmd>_FAILED`` and False."""
+        if err is None:
+            return True
+        self.send_error(f"E_{cmd}_FAILED {cmd} {_go_id(raw_id)} failed {err}".encode())
+        return False
 
     def _cmd_fin(self, params, end):
-        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
-            raise FatalClientError("E_INVALID", "cannot FIN in current state")
+        self._check_subscribed("FIN")
         internal_id = self._message_id(params, "FIN")
         if _to_int64(internal_id) <= 0:
-            raise FatalClientError("E_INVALID", "Invalid Message ID")
+            raise FatalClientError("E_INVALID", self.invalid_id_text)
         channel = self._ysubscribed("FIN")
         state = self.nsqd.coordinator.partition(
             channel.partition.topic, channel.partition.partition
         )
         if state is None or not self._is_leader(state):
             raise FatalClientError(NOT_LEADER, "")
-        err = channel.finish(self, internal_id)
-        if err is not None:
-            self.send_error(f"E_FIN_FAILED FIN {_go_id(params[1])} failed {err}".encode())
-            return end
-        self.finish_count += 1
+        if self._succeeded("FIN", params[1], channel.finish(self, internal_id)):
+            self.finish_count += 1
         return end
 
     def _cmd_req(self, params, end):
-        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
-            raise FatalClientError("E_INVALID", "cannot REQ in current state")
+        self._check_subscribed("REQ")
         if len(params) < 3:
             raise FatalClientError("E_INVALID", "REQ insufficient number of params")
         internal_id = self._message_id(params, "REQ")
@@ -320,29 +308,25 @@ class YouzanClientConn(ClientConn):
             # youzan ignores a delayed REQ on an ordered channel (the message stays in flight)
             log.info("[%s] ignore delay for ordered channel %s", self.remote, channel.name)
             return end
-        err = channel.requeue(self, internal_id, delay_ns / 1e9)
-        if err is not None:
-            self.send_error(f"E_REQ_FAILED REQ {_go_id(params[1])} failed {err}".encode())
-            return end
-        self.requeue_count += 1
+        if self._succeeded("REQ", params[1], channel.requeue(self, internal_id, delay_ns / 1e9)):
+            self.requeue_count += 1
         return end
 
     def _cmd_touch(self, params, end):
-        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
-            raise FatalClientError("E_INVALID", "cannot TOUCH in current state")
+        self._check_subscribed("TOUCH")
         internal_id = self._message_id(params, "TOUCH")
         channel = self._ysubscribed("TOUCH")
         err = channel.touch(self, internal_id, self.msg_timeout, self.opts.max_msg_timeout)
-        if err is not None:
-            self.send_error(f"E_TOUCH_FAILED TOUCH {_go_id(params[1])} failed {err}".encode())
+        self._succeeded("TOUCH", params[1], err)
         return end
 
     # -- publishing
 
     def _prepare_pub(
         self, params: list[bytes], end: int, mpub: bool
-    ) -> tuple[int, PartitionState] | None:
-        """youzan's preparePub: (body size, partition), None while the size has not arrived."""
+    ) -> tuple[int, PartitionState] | int:
+        """youzan's preparePub, then the PUB authorisation: (body size, partition), or
+        _NEED_MORE while the size has not arrived, _BLOCKED while AUTH is refreshed."""
         if len(params) < 2:
             raise FatalClientError("E_INVALID", "insufficient number of parameters")
         topic_name = params[1].decode("utf-8", "surrogateescape")
@@ -350,7 +334,7 @@ class YouzanClientConn(ClientConn):
         given = partition
         size = self._read_size(end)
         if size is None:
-            return None
+            return _NEED_MORE
         if size <= 0:
             raise FatalClientError("E_BAD_BODY", f"invalid body size {size}")
         limit = self.opts.max_body_size if mpub else self.opts.max_msg_size
@@ -358,26 +342,29 @@ class YouzanClientConn(ClientConn):
             if mpub:
                 raise FatalClientError("E_BAD_BODY", f"body too big {size} > {limit}")
             raise FatalClientError("E_BAD_MESSAGE", f"message too big {size} > {limit}")
-        coordinator = self.nsqd.coordinator
-        if partition == -1:
-            partition = coordinator.default_partition(self.nsqd.index, topic_name)
-        state = coordinator.copy_on(self.nsqd.index, topic_name, partition)
-        if state is None:
-            raise FatalClientError(TOPIC_NOT_EXIST, "")
+        state = self._partition_state(topic_name, partition)
         if given == -1 and state.data.ordered:
             raise FatalClientError(
                 "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
             )
+        if not self._check_auth("PUB", state.data.topic, ""):
+            return _BLOCKED
         return size, state
 
-    def _cmd_pub(self, params, end):
-        return self._pub(params, end, trace=False, ext=False)
+    def _body(self, end: int, size: int) -> bytes | None:
+        """The ``size`` bytes after the size prefix at ``end``; None while incomplete."""
+        after = end + 4 + size
+        if len(self.buf) < after:
+            return None
+        return bytes(self.buf[end + 4 : after])
 
-    def _cmd_pub_trace(self, params, end):
-        return self._pub(params, end, trace=True, ext=False)
-
-    def _cmd_pub_ext(self, params, end):
-        return self._pub(params, end, trace=False, ext=True)
+    def _published(self, topic_name: str, count: int, reply: bytes | None) -> None:
+        """Count ``count`` messages published and answer OK (or the traced ``reply``)."""
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + count
+        if reply is not None:
+            self.send_response(reply)
+        else:
+            self.write(_OK_FRAME)
 
     def _parse_ext(self, raw: bytes) -> tuple[int | None, bool]:
         """The trace id in a JSON header (None without one) and whether it holds only
@@ -401,22 +388,20 @@ class YouzanClientConn(ClientConn):
 
     def _pub(self, params: list[bytes], end: int, trace: bool, ext: bool) -> int:
         prepared = self._prepare_pub(params, end, mpub=False)
-        if prepared is None:
-            return _NEED_MORE
+        if isinstance(prepared, int):
+            return prepared
         size, state = prepared
         topic_name = state.data.topic
-        if not self._check_auth("PUB", topic_name, ""):
-            return -2
         if trace and size <= 8:
             raise FatalClientError("E_BAD_BODY", f"invalid body size {size} with trace id enabled")
         if ext and size <= 2:
             raise FatalClientError(
                 "E_BAD_BODY", f"invalid body size {size} with ext json header enabled"
             )
-        after = end + 4 + size
-        if len(self.buf) < after:
+        body = self._body(end, size)
+        if body is None:
             return _NEED_MORE
-        body = bytes(self.buf[end + 4 : after])
+        after = end + 4 + size
         trace_id = 0
         traced = False
         ext_ver, ext_bytes = EXT_VER_NONE, b""
@@ -446,11 +431,8 @@ class YouzanClientConn(ClientConn):
             self.send_error(err.body)
             return after
         internal_id, offset, raw_size = state.data.append(body, trace_id, ext_ver, ext_bytes)
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + 1
-        if traced:
-            self.send_response(traced_reply(internal_id, trace_id, offset, raw_size))
-        else:
-            self.write(_OK_FRAME)
+        reply = traced_reply(internal_id, trace_id, offset, raw_size) if traced else None
+        self._published(topic_name, 1, reply)
         return after
 
     def _check_writable(self, state: PartitionState) -> None:
@@ -459,27 +441,15 @@ class YouzanClientConn(ClientConn):
         if not state.writable:
             raise _BodyError(NOT_WRITABLE, "")
 
-    def _cmd_mpub(self, params, end):
-        return self._mpub(params, end, trace=False, ext=False)
-
-    def _cmd_mpub_trace(self, params, end):
-        return self._mpub(params, end, trace=True, ext=False)
-
-    def _cmd_mpub_ext(self, params, end):
-        return self._mpub(params, end, trace=False, ext=True)
-
     def _mpub(self, params: list[bytes], end: int, trace: bool, ext: bool) -> int:
         prepared = self._prepare_pub(params, end, mpub=True)
-        if prepared is None:
-            return _NEED_MORE
+        if isinstance(prepared, int):
+            return prepared
         size, state = prepared
-        topic_name = state.data.topic
-        if not self._check_auth("PUB", topic_name, ""):
-            return -2
-        after = end + 4 + size
-        if len(self.buf) < after:
+        buf = self._body(end, size)
+        if buf is None:
             return _NEED_MORE
-        buf = bytes(self.buf[end + 4 : after])
+        after = end + 4 + size
         try:
             items = self._read_mpub(buf, trace, ext, state)
             self._check_writable(state)
@@ -494,11 +464,8 @@ class YouzanClientConn(ClientConn):
             if first_id < 0:
                 first_id, first_offset = internal_id, offset
             total += raw_size
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(items)
-        if trace:
-            self.send_response(traced_reply(first_id, 0, first_offset, total))
-        else:
-            self.write(_OK_FRAME)
+        reply = traced_reply(first_id, 0, first_offset, total) if trace else None
+        self._published(data.topic, len(items), reply)
         return after
 
     def _read_mpub(
@@ -567,17 +534,16 @@ class YouzanClientConn(ClientConn):
         **ClientConn._handlers,
         b"SUB": _cmd_sub,
         b"SUB_ORDERED": _cmd_sub_ordered,
-        b"RDY": _cmd_rdy,
         b"CLS": _cmd_cls,
         b"FIN": _cmd_fin,
         b"REQ": _cmd_req,
         b"TOUCH": _cmd_touch,
-        b"PUB": _cmd_pub,
-        b"PUB_TRACE": _cmd_pub_trace,
-        b"PUB_EXT": _cmd_pub_ext,
-        b"MPUB": _cmd_mpub,
-        b"MPUB_TRACE": _cmd_mpub_trace,
-        b"MPUB_EXT": _cmd_mpub_ext,
+        b"PUB": _publish_handler(mpub=False),
+        b"PUB_TRACE": _publish_handler(mpub=False, trace=True),
+        b"PUB_EXT": _publish_handler(mpub=False, ext=True),
+        b"MPUB": _publish_handler(mpub=True),
+        b"MPUB_TRACE": _publish_handler(mpub=True, trace=True),
+        b"MPUB_EXT": _publish_handler(mpub=True, ext=True),
         b"DPUB": _cmd_dpub,
     }
 

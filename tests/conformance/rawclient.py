@@ -193,6 +193,11 @@ class RawConn:
                 continue
             raise AssertionError(f"expected the connection to close, got {describe(frame)}")
 
+    def expect_fatal(self, text: str | bytes) -> None:
+        """The error ``text``, after which the server closes the connection."""
+        self.expect_error(text)
+        self.expect_closed()
+
     def expect_silence(self, seconds: float) -> None:
         """Nothing but heartbeats may arrive for ``seconds`` (a bounded negative check)."""
         deadline = time.monotonic() + seconds
@@ -249,6 +254,13 @@ class RawConn:
         if rdy is not None:
             self.send(protocol.rdy(rdy))
 
+    def deliver_one(self, body: bytes) -> protocol.DecodedMessage:
+        """Publish ``body`` to topic ``t``, subscribe to its channel ``c`` with RDY 1 and
+        return the message delivered."""
+        self.pub("t", body)
+        self.sub("t", "c", rdy=1)
+        return self.expect_message()
+
     def rdy(self, count: int) -> None:
         self.send(protocol.rdy(count))
 
@@ -286,6 +298,14 @@ class RawConn:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def assert_refused(conn: RawConn, data: bytes, text: str | bytes) -> None:
+    """Send ``data`` on ``conn`` (closed afterwards): nsqd answers the fatal error ``text``
+    and closes the connection."""
+    with conn:
+        conn.send(data)
+        conn.expect_fatal(text)
 
 
 def assert_alive(conn: RawConn, topic: str = "conformance_probe") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from rawclient import RawConn, assert_alive, channel_stats
+from rawclient import RawConn, assert_alive, assert_refused, channel_stats
 
 from nsqclient import protocol
 from nsqclient.testing.real import _free_ports
@@ -80,34 +80,26 @@ def test_auth_reply_is_identity_json(authed):
 )
 def test_commands_before_auth_are_refused(authed, command, text):
     cluster, _ = authed
-    with RawConn(cluster.nsqd) as conn:
-        conn.send(command)
-        conn.expect_error(text)
-        conn.expect_closed()
+    assert_refused(RawConn(cluster.nsqd), command, text)
 
 
 def test_auth_with_wrong_secret_fails(authed):
     cluster, _ = authed
-    with RawConn(cluster.nsqd) as conn:
-        conn.send(protocol.auth("wrong"))
-        conn.expect_error("E_AUTH_FAILED AUTH failed")
-        conn.expect_closed()
+    assert_refused(RawConn(cluster.nsqd), protocol.auth("wrong"), "E_AUTH_FAILED AUTH failed")
 
 
 def test_auth_with_no_authorizations_is_unauthorized(authed):
     cluster, _ = authed
-    with RawConn(cluster.nsqd) as conn:
-        conn.send(protocol.auth("nothing"))
-        conn.expect_error("E_UNAUTHORIZED AUTH no authorizations found")
-        conn.expect_closed()
+    assert_refused(
+        RawConn(cluster.nsqd),
+        protocol.auth("nothing"),
+        "E_UNAUTHORIZED AUTH no authorizations found",
+    )
 
 
 def test_auth_twice_is_invalid(authed):
     cluster, _ = authed
-    with authenticated(cluster.nsqd) as conn:
-        conn.send(protocol.auth("good"))
-        conn.expect_error("E_INVALID AUTH already set")
-        conn.expect_closed()
+    assert_refused(authenticated(cluster.nsqd), protocol.auth("good"), "E_INVALID AUTH already set")
 
 
 @pytest.mark.parametrize(
@@ -123,10 +115,7 @@ def test_auth_twice_is_invalid(authed):
 )
 def test_unauthorized_commands(authed, command, text):
     cluster, _ = authed
-    with authenticated(cluster.nsqd) as conn:
-        conn.send(command)
-        conn.expect_error(text)
-        conn.expect_closed()
+    assert_refused(authenticated(cluster.nsqd), command, text)
 
 
 def test_authorized_publish_and_subscribe(authed):
@@ -168,7 +157,4 @@ def test_expired_authorization_is_fetched_again(authed):
 def test_unreachable_auth_server_fails_auth(nsq_cluster_factory):
     [dead_port] = _free_ports(1)
     cluster = nsq_cluster_factory(auth_http_address=f"127.0.0.1:{dead_port}")
-    with RawConn(cluster.nsqd) as conn:
-        conn.send(protocol.auth("good"))
-        conn.expect_error("E_AUTH_FAILED AUTH failed")
-        conn.expect_closed()
+    assert_refused(RawConn(cluster.nsqd), protocol.auth("good"), "E_AUTH_FAILED AUTH failed")

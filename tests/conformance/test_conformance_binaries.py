@@ -216,8 +216,7 @@ def test_auth_http_address_is_enforced(spawn):
         assert answer == {"identity": "alice", "identity_url": "", "permission_count": 1}
         conn.pub("mine", b"allowed")
         conn.send(protocol.pub("theirs", b"x"))
-        conn.expect_error('E_UNAUTHORIZED AUTH failed for PUB on "theirs" ""')
-        conn.expect_closed()
+        conn.expect_fatal('E_UNAUTHORIZED AUTH failed for PUB on "theirs" ""')
 
         asked = [r for r in auth.requests if r.get("secret") == "s3cret"]
         assert asked and asked[0]["remote_ip"] == "127.0.0.1" and asked[0]["tls"] == "false"

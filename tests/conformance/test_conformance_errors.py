@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from rawclient import RawConn, assert_alive
+from rawclient import RawConn, assert_alive, assert_refused
 
 from nsqclient import protocol
 
@@ -23,8 +23,7 @@ def sized(body: bytes) -> bytes:
 
 
 def fatal(conn: RawConn, text: str) -> None:
-    conn.expect_error(text)
-    conn.expect_closed()
+    conn.expect_fatal(text)
 
 
 def subscribed(node, rdy: int | None = None) -> RawConn:
@@ -46,9 +45,7 @@ def subscribed(node, rdy: int | None = None) -> RawConn:
     ],
 )
 def test_unknown_or_lowercase_command_is_invalid(nsqd, line, text):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(line)
-        fatal(conn, text)
+    assert_refused(RawConn(nsqd.nsqd), line, text)
 
 
 @pytest.mark.parametrize(
@@ -62,15 +59,13 @@ def test_unknown_or_lowercase_command_is_invalid(nsqd, line, text):
     ],
 )
 def test_consumer_commands_before_sub_are_invalid(nsqd, line, text):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(line)
-        fatal(conn, text)
+    assert_refused(RawConn(nsqd.nsqd), line, text)
 
 
 def test_sub_twice_is_invalid(nsqd):
-    with subscribed(nsqd.nsqd) as conn:
-        conn.send(protocol.sub("t", "d"))
-        fatal(conn, "E_INVALID cannot SUB in current state")
+    assert_refused(
+        subscribed(nsqd.nsqd), protocol.sub("t", "d"), "E_INVALID cannot SUB in current state"
+    )
 
 
 def test_sub_after_cls_is_invalid(nsqd):
@@ -78,7 +73,7 @@ def test_sub_after_cls_is_invalid(nsqd):
         conn.send(protocol.cls())
         conn.expect_response(protocol.CLOSE_WAIT)
         conn.send(protocol.sub("t", "c"))
-        fatal(conn, "E_INVALID cannot SUB in current state")
+        conn.expect_fatal("E_INVALID cannot SUB in current state")
 
 
 def test_cls_twice_is_invalid(nsqd):
@@ -86,14 +81,14 @@ def test_cls_twice_is_invalid(nsqd):
         conn.send(protocol.cls())
         conn.expect_response(protocol.CLOSE_WAIT)
         conn.send(protocol.cls())
-        fatal(conn, "E_INVALID cannot CLS in current state")
+        conn.expect_fatal("E_INVALID cannot CLS in current state")
 
 
 def test_sub_with_heartbeats_disabled_is_invalid(nsqd):
     with RawConn(nsqd.nsqd) as conn:
         conn.identify(heartbeat_interval=-1)
         conn.send(protocol.sub("t", "c"))
-        fatal(conn, "E_INVALID cannot SUB with heartbeats disabled")
+        conn.expect_fatal("E_INVALID cannot SUB with heartbeats disabled")
 
 
 @pytest.mark.parametrize(
@@ -108,9 +103,7 @@ def test_sub_with_heartbeats_disabled_is_invalid(nsqd):
     ],
 )
 def test_sub_bad_arguments(nsqd, line, text):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(line)
-        fatal(conn, text)
+    assert_refused(RawConn(nsqd.nsqd), line, text)
 
 
 def test_sub_accepts_64_character_names(nsqd):
@@ -127,20 +120,22 @@ def test_rdy_over_max_rdy_count_is_invalid(nsq_cluster_factory):
     with subscribed(cluster.nsqd) as conn:
         conn.rdy(2)
         conn.rdy(3)
-        fatal(conn, "E_INVALID RDY count 3 out of range 0-2")
+        conn.expect_fatal("E_INVALID RDY count 3 out of range 0-2")
 
 
 def test_rdy_over_default_max_is_invalid(nsqd):
     with subscribed(nsqd.nsqd) as conn:
         conn.rdy(2501)
-        fatal(conn, "E_INVALID RDY count 2501 out of range 0-2500")
+        conn.expect_fatal("E_INVALID RDY count 2501 out of range 0-2500")
 
 
 @pytest.mark.parametrize("count", [b"x", b"-1", b"1.5"])
 def test_rdy_unparsable_count_is_invalid(nsqd, count):
-    with subscribed(nsqd.nsqd) as conn:
-        conn.send(b"RDY " + count + b"\n")
-        fatal(conn, f"E_INVALID RDY could not parse count {count.decode()}")
+    assert_refused(
+        subscribed(nsqd.nsqd),
+        b"RDY " + count + b"\n",
+        f"E_INVALID RDY could not parse count {count.decode()}",
+    )
 
 
 def test_rdy_without_count_means_one(nsqd):
@@ -205,9 +200,7 @@ def test_fin_twice_fails_the_second_time(nsqd):
     ],
 )
 def test_fin_req_touch_bad_arguments_are_fatal(nsqd, line, text):
-    with subscribed(nsqd.nsqd) as conn:
-        conn.send(line)
-        fatal(conn, text)
+    assert_refused(subscribed(nsqd.nsqd), line, text)
 
 
 # ------------------------------------------------------------------------ PUB
@@ -222,9 +215,7 @@ def test_fin_req_touch_bad_arguments_are_fatal(nsqd, line, text):
     ],
 )
 def test_pub_errors(nsqd, data, text):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(data)
-        fatal(conn, text)
+    assert_refused(RawConn(nsqd.nsqd), data, text)
 
 
 def test_pub_oversized_body_is_refused_from_the_size_prefix(nsq_cluster_factory):
@@ -232,19 +223,21 @@ def test_pub_oversized_body_is_refused_from_the_size_prefix(nsq_cluster_factory)
     with RawConn(cluster.nsqd) as conn:
         conn.pub("t", b"x" * 1024)  # exactly the limit is fine
         conn.send(b"PUB t\n" + U32.pack(1025))  # the body is never sent
-        fatal(conn, "E_BAD_MESSAGE PUB message too big 1025 > 1024")
+        conn.expect_fatal("E_BAD_MESSAGE PUB message too big 1025 > 1024")
 
 
 def test_pub_huge_size_prefix_is_refused_at_once(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(b"PUB t\n" + U32.pack(0x7FFFFFFF))
-        fatal(conn, "E_BAD_MESSAGE PUB message too big 2147483647 > 1048576")
+    assert_refused(
+        RawConn(nsqd.nsqd),
+        b"PUB t\n" + U32.pack(0x7FFFFFFF),
+        "E_BAD_MESSAGE PUB message too big 2147483647 > 1048576",
+    )
 
 
 def test_pub_negative_size_prefix(nsqd):
     with RawConn(nsqd.nsqd) as conn:
         conn.send(b"PUB t\n" + U32.pack(0xFFFFFFFF))  # -1 as a signed 32-bit size
-        fatal(conn, "E_BAD_MESSAGE PUB invalid message body size -1")
+        conn.expect_fatal("E_BAD_MESSAGE PUB invalid message body size -1")
 
 
 # ------------------------------------------------------------------------ MPUB
@@ -272,24 +265,24 @@ def test_pub_negative_size_prefix(nsqd):
     ],
 )
 def test_mpub_errors(nsqd, data, text):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(data)
-        fatal(conn, text)
+    assert_refused(RawConn(nsqd.nsqd), data, text)
 
 
 def test_mpub_message_count_above_what_the_body_size_allows(nsqd):
     # at most (max_body_size - 4) / 5 messages fit: each needs a size and one byte
     limit = (5 * 1024 * 1024 - 4) // 5
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(b"MPUB t\n" + U32.pack(8) + U32.pack(limit + 1))
-        fatal(conn, f"E_BAD_BODY MPUB invalid message count {limit + 1}")
+    assert_refused(
+        RawConn(nsqd.nsqd),
+        b"MPUB t\n" + U32.pack(8) + U32.pack(limit + 1),
+        f"E_BAD_BODY MPUB invalid message count {limit + 1}",
+    )
 
 
 def test_mpub_oversized_body_is_refused_from_the_size_prefix(nsq_cluster_factory):
     cluster = nsq_cluster_factory(lookupd=False, max_body_size=100, max_msg_size=50)
     with RawConn(cluster.nsqd) as conn:
         conn.send(b"MPUB t\n" + U32.pack(101))  # the body is never sent
-        fatal(conn, "E_BAD_BODY MPUB body too big 101 > 100")
+        conn.expect_fatal("E_BAD_BODY MPUB body too big 101 > 100")
 
 
 def test_mpub_oversized_message_is_refused(nsq_cluster_factory):
@@ -298,7 +291,7 @@ def test_mpub_oversized_message_is_refused(nsq_cluster_factory):
         conn.mpub("t", [b"x" * 50])  # exactly the limit is fine
         # the first message's size prefix is enough to refuse
         conn.send(b"MPUB t\n" + U32.pack(60) + U32.pack(1) + U32.pack(51))
-        fatal(conn, "E_BAD_MESSAGE MPUB message too big 51 > 50")
+        conn.expect_fatal("E_BAD_MESSAGE MPUB message too big 51 > 50")
 
 
 # ------------------------------------------------------------------------ DPUB
@@ -326,9 +319,7 @@ def test_mpub_oversized_message_is_refused(nsq_cluster_factory):
     ],
 )
 def test_dpub_errors(nsqd, data, text):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(data)
-        fatal(conn, text)
+    assert_refused(RawConn(nsqd.nsqd), data, text)
 
 
 def test_dpub_range_follows_max_req_timeout(nsq_cluster_factory):
@@ -336,25 +327,23 @@ def test_dpub_range_follows_max_req_timeout(nsq_cluster_factory):
     with RawConn(cluster.nsqd) as conn:
         conn.dpub("t", 10000, b"ok")
         conn.send(protocol.dpub("t", 10001, b"x"))
-        fatal(conn, "E_INVALID DPUB timeout 10001 out of range 0-10000")
+        conn.expect_fatal("E_INVALID DPUB timeout 10001 out of range 0-10000")
 
 
 # ------------------------------------------------------------------------ AUTH without auth
 
 
 def test_auth_when_disabled(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(protocol.auth("secret"))
-        fatal(conn, "E_AUTH_DISABLED AUTH disabled")
+    assert_refused(RawConn(nsqd.nsqd), protocol.auth("secret"), "E_AUTH_DISABLED AUTH disabled")
 
 
 def test_auth_with_empty_body(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(b"AUTH\n" + U32.pack(0))
-        fatal(conn, "E_BAD_BODY AUTH invalid body size 0")
+    assert_refused(
+        RawConn(nsqd.nsqd), b"AUTH\n" + U32.pack(0), "E_BAD_BODY AUTH invalid body size 0"
+    )
 
 
 def test_auth_after_sub_is_invalid(nsqd):
-    with subscribed(nsqd.nsqd) as conn:
-        conn.send(protocol.auth("secret"))
-        fatal(conn, "E_INVALID cannot AUTH in current state")
+    assert_refused(
+        subscribed(nsqd.nsqd), protocol.auth("secret"), "E_INVALID cannot AUTH in current state"
+    )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import requests
-from rawclient import RawConn, assert_alive, frame_bytes
+from rawclient import RawConn, assert_alive, assert_refused, frame_bytes
 
 from nsqclient import protocol
 from nsqclient.protocol import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
@@ -139,77 +140,71 @@ def test_identify_after_sub_is_invalid_and_closes(nsqd):
     with RawConn(nsqd.nsqd) as conn:
         conn.sub("t", "c")
         conn.send(protocol.identify({}))
-        conn.expect_error("E_INVALID cannot IDENTIFY in current state")
-        conn.expect_closed()
+        conn.expect_fatal("E_INVALID cannot IDENTIFY in current state")
 
 
-def test_identify_bad_json_closes(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(b"IDENTIFY\n" + len(b"{nope").to_bytes(4, "big") + b"{nope")
-        conn.expect_error("E_BAD_BODY IDENTIFY failed to decode JSON body")
-        conn.expect_closed()
-
-
-def test_identify_empty_body_closes(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(b"IDENTIFY\n\x00\x00\x00\x00")
-        conn.expect_error("E_BAD_BODY IDENTIFY invalid body size 0")
-        conn.expect_closed()
+@pytest.mark.parametrize(
+    "data, text",
+    [
+        (
+            b"IDENTIFY\n" + len(b"{nope").to_bytes(4, "big") + b"{nope",
+            "E_BAD_BODY IDENTIFY failed to decode JSON body",
+        ),
+        (b"IDENTIFY\n\x00\x00\x00\x00", "E_BAD_BODY IDENTIFY invalid body size 0"),
+        (
+            protocol.identify({"heartbeat_interval": 500}),
+            "E_BAD_BODY IDENTIFY heartbeat interval (500) is invalid",
+        ),
+        (
+            protocol.identify({"msg_timeout": 999}),
+            "E_BAD_BODY IDENTIFY msg timeout (999) is invalid",
+        ),
+        (
+            protocol.identify({"sample_rate": 100}),
+            "E_BAD_BODY IDENTIFY sample rate (100) is invalid",
+        ),
+        (
+            protocol.identify({"output_buffer_size": 10}),
+            "E_BAD_BODY IDENTIFY output buffer size (10) is invalid",
+        ),
+        (
+            protocol.identify({"output_buffer_timeout": 1}),
+            "E_BAD_BODY IDENTIFY output buffer timeout (1) is invalid",
+        ),
+        (
+            protocol.identify({"feature_negotiation": True, "snappy": True, "deflate": True}),
+            "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression",
+        ),
+    ],
+    ids=[
+        "bad_json",
+        "empty_body",
+        "heartbeat_interval",
+        "msg_timeout",
+        "sample_rate",
+        "output_buffer_size",
+        "output_buffer_timeout",
+        "snappy_and_deflate",
+    ],
+)
+def test_identify_refused_closes(nsqd, data, text):
+    assert_refused(RawConn(nsqd.nsqd), data, text)
 
 
 def test_identify_body_over_max_body_size_closes(nsq_cluster_factory):
     cluster = nsq_cluster_factory(lookupd=False, max_body_size=100)  # lookupd IDENTIFY > 100 B
     with RawConn(cluster.nsqd) as conn:
         conn.send(b"IDENTIFY\n" + (101).to_bytes(4, "big"))  # no body: checked from the size
-        conn.expect_error("E_BAD_BODY IDENTIFY body too big 101 > 100")
-        conn.expect_closed()
-
-
-def test_identify_invalid_heartbeat_interval(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(protocol.identify({"heartbeat_interval": 500}))
-        conn.expect_error("E_BAD_BODY IDENTIFY heartbeat interval (500) is invalid")
-        conn.expect_closed()
+        conn.expect_fatal("E_BAD_BODY IDENTIFY body too big 101 > 100")
 
 
 def test_identify_heartbeat_interval_above_max(nsq_cluster_factory):
     cluster = nsq_cluster_factory(max_heartbeat_interval=10)
-    with RawConn(cluster.nsqd) as conn:
-        conn.send(protocol.identify({"heartbeat_interval": 10001}))
-        conn.expect_error("E_BAD_BODY IDENTIFY heartbeat interval (10001) is invalid")
-        conn.expect_closed()
-
-
-def test_identify_invalid_msg_timeout(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(protocol.identify({"msg_timeout": 999}))
-        conn.expect_error("E_BAD_BODY IDENTIFY msg timeout (999) is invalid")
-        conn.expect_closed()
-
-
-def test_identify_invalid_sample_rate(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(protocol.identify({"sample_rate": 100}))
-        conn.expect_error("E_BAD_BODY IDENTIFY sample rate (100) is invalid")
-        conn.expect_closed()
-
-
-def test_identify_invalid_output_buffer(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(protocol.identify({"output_buffer_size": 10}))
-        conn.expect_error("E_BAD_BODY IDENTIFY output buffer size (10) is invalid")
-        conn.expect_closed()
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(protocol.identify({"output_buffer_timeout": 1}))
-        conn.expect_error("E_BAD_BODY IDENTIFY output buffer timeout (1) is invalid")
-        conn.expect_closed()
-
-
-def test_identify_snappy_and_deflate_together_fails(nsqd):
-    with RawConn(nsqd.nsqd) as conn:
-        conn.send(protocol.identify({"feature_negotiation": True, "snappy": True, "deflate": True}))
-        conn.expect_error("E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
-        conn.expect_closed()
+    assert_refused(
+        RawConn(cluster.nsqd),
+        protocol.identify({"heartbeat_interval": 10001}),
+        "E_BAD_BODY IDENTIFY heartbeat interval (10001) is invalid",
+    )
 
 
 def test_compression_not_granted_when_disabled(nsq_cluster_factory):
@@ -223,9 +218,7 @@ def test_compression_not_granted_when_disabled(nsq_cluster_factory):
 
 def test_commands_work_without_identify(nsqd):
     with RawConn(nsqd.nsqd) as conn:
-        conn.pub("t", b"x")
-        conn.sub("t", "c", rdy=1)
-        assert conn.expect_message().body == b"x"
+        assert conn.deliver_one(b"x").body == b"x"
 
 
 def test_bad_magic_gets_e_bad_protocol_and_close(nsqd):

@@ -434,9 +434,7 @@ def test_channel_empty(nsqd):
 def test_channel_empty_drops_in_flight_messages(nsqd):
     node = nsqd.nsqd
     with RawConn(node) as conn:
-        conn.pub("t", b"x")
-        conn.sub("t", "c", rdy=1)
-        msg = conn.expect_message()
+        msg = conn.deliver_one(b"x")
         assert_ok_empty(post(node, "/channel/empty", topic="t", channel="c"))
         c = channel_stats(node, "t", "c")
         assert c["in_flight_count"] == 0

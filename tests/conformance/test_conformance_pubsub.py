@@ -131,9 +131,7 @@ def test_dpub_zero_delay_is_immediate(nsqd):
 def test_req_with_delay_redelivers_with_attempts_incremented(nsqd):
     node = scanned_channels(nsqd, ("t", "c"))
     with RawConn(node) as conn:
-        conn.pub("t", b"again")
-        conn.sub("t", "c", rdy=1)
-        first = conn.expect_message()
+        first = conn.deliver_one(b"again")
         start = time.monotonic()
         conn.req(first.id, 300)
         second = conn.expect_message(timeout=5)
@@ -153,9 +151,7 @@ def test_req_with_delay_redelivers_with_attempts_incremented(nsqd):
 
 def test_req_zero_redelivers_at_once(nsqd):
     with RawConn(nsqd.nsqd) as conn:
-        conn.pub("t", b"x")
-        conn.sub("t", "c", rdy=1)
-        first = conn.expect_message()
+        first = conn.deliver_one(b"x")
         conn.req(first.id, 0)
         second = conn.expect_message()
         assert second.id == first.id
@@ -167,9 +163,7 @@ def test_req_zero_redelivers_at_once(nsqd):
 def test_req_above_max_req_timeout_is_clamped_not_refused(nsq_cluster_factory):
     cluster = nsq_cluster_factory(max_req_timeout=0.5)
     with RawConn(scanned_channels(cluster, ("t", "c"))) as conn:
-        conn.pub("t", b"x")
-        conn.sub("t", "c", rdy=1)
-        first = conn.expect_message()
+        first = conn.deliver_one(b"x")
         conn.req(first.id, 3_600_000)  # an hour, clamped to 500 ms
         second = conn.expect_message(timeout=5)
         assert second.id == first.id
@@ -180,9 +174,7 @@ def test_touch_extends_the_message_timeout(nsq_cluster_factory):
     cluster = nsq_cluster_factory(msg_timeout=1.0)
     node = scanned_channels(cluster, ("t", "c"))
     with RawConn(node) as conn:
-        conn.pub("t", b"slow")
-        conn.sub("t", "c", rdy=1)
-        msg = conn.expect_message()
+        msg = conn.deliver_one(b"slow")
         start = time.monotonic()
         while time.monotonic() - start < 1.6:  # well past the 1 s timeout
             conn.expect_silence(0.2)  # a redelivery here would mean the message timed out
@@ -198,9 +190,7 @@ def test_message_timeout_requeues_with_attempts_2(nsq_cluster_factory):
     cluster = nsq_cluster_factory(msg_timeout=0.5)
     node = scanned_channels(cluster, ("t", "c"))
     with RawConn(node) as conn:
-        conn.pub("t", b"forgotten")
-        conn.sub("t", "c", rdy=1)
-        first = conn.expect_message()
+        first = conn.deliver_one(b"forgotten")
         start = time.monotonic()
         second = conn.expect_message(timeout=5)
         elapsed = time.monotonic() - start
@@ -216,9 +206,7 @@ def test_message_timeout_requeues_with_attempts_2(nsq_cluster_factory):
 def test_identify_msg_timeout_applies_to_the_connection(nsqd):
     with RawConn(scanned_channels(nsqd, ("t", "c"))) as conn:
         conn.identify(msg_timeout=1000)
-        conn.pub("t", b"x")
-        conn.sub("t", "c", rdy=1)
-        first = conn.expect_message()
+        first = conn.deliver_one(b"x")
         start = time.monotonic()
         second = conn.expect_message(timeout=5)
         assert second.attempts == 2 and second.id == first.id
@@ -229,9 +217,7 @@ def test_fin_after_timeout_fails_but_keeps_connection(nsq_cluster_factory):
     cluster = nsq_cluster_factory(msg_timeout=0.5)
     node = scanned_channels(cluster, ("t", "c"))
     with RawConn(node) as conn:
-        conn.pub("t", b"x")
-        conn.sub("t", "c", rdy=1)
-        msg = conn.expect_message()
+        msg = conn.deliver_one(b"x")
         conn.rdy(0)  # do not take the redelivery
         wait_for(
             lambda: channel_stats(node, "t", "c")["timeout_count"] == 1,

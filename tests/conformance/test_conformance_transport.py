@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from rawclient import RawConn, assert_alive, channel_stats
+from rawclient import RawConn, assert_alive, assert_refused, channel_stats
 
 from nsqclient import protocol
 
@@ -91,8 +91,7 @@ def test_compressed_connection_errors_arrive_compressed(nsqd):
     with RawConn(nsqd.nsqd) as conn:
         conn.negotiate(snappy=True)
         conn.send(b"FOO\n")
-        conn.expect_error("E_INVALID invalid command FOO")
-        conn.expect_closed()
+        conn.expect_fatal("E_INVALID invalid command FOO")
 
 
 def test_snappy_disabled_on_the_server(nsq_cluster_factory):
@@ -148,15 +147,15 @@ def test_tls_then_compression(nsq_cluster_factory, tls_files, features):
 def test_tls_required_refuses_plain_commands(nsq_cluster_factory, tls_files):
     cert, key = tls_files
     cluster = nsq_cluster_factory(tls_cert=cert, tls_key=key, tls_required=2)
-    with RawConn(cluster.nsqd) as conn:
-        conn.send(protocol.pub("t", b"x"))
-        conn.expect_error("E_INVALID cannot PUB in current state (TLS required)")
-        conn.expect_closed()
+    assert_refused(
+        RawConn(cluster.nsqd),
+        protocol.pub("t", b"x"),
+        "E_INVALID cannot PUB in current state (TLS required)",
+    )
     with RawConn(cluster.nsqd) as conn:
         conn.identify()  # IDENTIFY itself is allowed in the clear
         conn.send(protocol.sub("t", "c"))
-        conn.expect_error("E_INVALID cannot SUB in current state (TLS required)")
-        conn.expect_closed()
+        conn.expect_fatal("E_INVALID cannot SUB in current state (TLS required)")
     with RawConn(cluster.nsqd) as conn:
         conn.negotiate(tls_v1=True)
         assert_alive(conn)
