@@ -66,6 +66,8 @@ __all__ = [
 logger = logging.getLogger("nsqclient.conn")
 
 _STOP = object()
+#: bytes of queued commands joined into one socket write at most (one command may be more)
+_WRITE_SIZE = 64 * 1024
 #: what a request's answer is delivered to: a Future, or a Waiter for a blocking caller
 AnyFuture = TypeVar("AnyFuture", Future, "Waiter")
 # Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
@@ -682,7 +684,10 @@ class Connection:
                 if item is _STOP:
                     return
                 chunks = [item]
-                while True:
+                size = len(item)
+                # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
+                # glibc keep freed megabytes around (its mmap threshold grows with them).
+                while size < _WRITE_SIZE:
                     try:
                         item = q.get_nowait()
                     except queue.Empty:
@@ -691,6 +696,7 @@ class Connection:
                         stop = True
                         break
                     chunks.append(item)
+                    size += len(item)
                 with self._send_lock:
                     transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
         except (OSError, NSQError, ValueError) as exc:
@@ -873,7 +879,8 @@ class Connection:
             if future is None:
                 logger.warning("unexpected response from %s: %r", self.address, data[:100])
             elif not future.done():
-                future.set_result(data)
+                # one shared b"OK" rather than one per answer held by every finished future
+                future.set_result(protocol.OK if data == protocol.OK else data)
             return
         error = error_from_frame(data)
         if error.code in _UNSOLICITED:

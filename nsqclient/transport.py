@@ -85,6 +85,7 @@ class Transport:
         self._shut_down = False
         self.bytes_in = 0
         self.bytes_out = 0
+        self._recv_view: memoryview | None = None  # see _recv_copy
         # Bytes of the current top layer read but not yet returned by recv(): _rbuf[_rpos:].
         self._rbuf = b""
         self._rpos = 0
@@ -218,7 +219,7 @@ class Transport:
         if nsock is None:
             nsock = self._nonblocking_socket()
         try:
-            data = nsock.recv(max_bytes)
+            data = self._recv_copy(nsock, max_bytes)
         except BlockingIOError:
             return None
         except OSError:
@@ -316,13 +317,23 @@ class Transport:
         if self._sslobj is not None:
             return self._tls_recv(max_bytes)
         try:
-            data = self._sock.recv(max_bytes)
+            data = self._recv_copy(self._sock, max_bytes)
         except OSError:
             if self._shut_down:
                 return b""
             raise
         self.bytes_in += len(data)
         return data
+
+    def _recv_copy(self, sock: socket.socket, max_bytes: int) -> bytes:
+        """``sock.recv(max_bytes)`` through a buffer kept for the purpose: the bytes returned
+        are as large as the data, not ``max_bytes`` shrunk afterwards (a large allocation
+        per read lets glibc's heap grow, see conn._WRITE_SIZE).  One reader at a time."""
+        view = self._recv_view
+        if view is None or len(view) < max_bytes:
+            view = self._recv_view = memoryview(bytearray(max_bytes))
+        n = sock.recv_into(view, max_bytes)
+        return view[:n].tobytes()
 
     def _tls_recv(self, max_bytes: int) -> bytes:
         if self._tls_eof:

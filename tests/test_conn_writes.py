@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
+from nsqclient import conn as conn_module
 from nsqclient.conn import Connection, Waiter
 from nsqclient.errors import ConnectionClosedError
 from nsqclient.testing.helpers import message_count, run_together
@@ -273,3 +274,28 @@ def test_concurrent_publishers_through_each_transport(name, nsq_cluster_factory,
     run_together(work, 8, "test-tx")
     assert conn.is_connected
     assert message_count(node, topic) == 8 * 250
+
+
+def test_the_writer_joins_at_most_write_size_bytes_per_write(scripted, connect):
+    """Commands queued while a write is under way go out joined, in order, in writes of at
+    most _WRITE_SIZE bytes (plus the one command that crosses it)."""
+    peer = scripted(echo)
+    conn = connect(peer.address)
+    sizes: list[int] = []
+    transport = conn._transport
+    real_sendall = transport.sendall
+
+    def sendall(data: bytes) -> None:
+        sizes.append(len(data))
+        real_sendall(data)
+
+    transport.sendall = sendall
+    bodies = [b"%04d" % i + b"x" * 1000 for i in range(300)]
+    with conn._send_lock:  # every request is queued while the writer waits for the socket
+        futures = [conn.request(protocol.pub("t", body)) for body in bodies]
+    assert [f.result(TIMEOUT) for f in futures] == bodies
+    command = len(protocol.pub("t", bodies[0]))
+    assert sum(sizes) == command * len(bodies)
+    assert len(sizes) >= (command * len(bodies)) // (conn_module._WRITE_SIZE + command)
+    assert max(sizes) <= conn_module._WRITE_SIZE + command
+    assert max(sizes) > conn_module._WRITE_SIZE // 2  # still joined, not one write each
