@@ -36,6 +36,7 @@ from .conn import Connection, parse_address
 from .errors import (
     NSQError,
     ServerError,
+    SubChannelNotRegisteredError,
     SubExtendForbiddenError,
     SubExtendNeedError,
     SubOrderIsMustError,
@@ -54,7 +55,12 @@ Handler = Callable[[Message], Any]
 trace_logger = logging.getLogger("nsqclient.trace")
 
 #: SUB answers that no reconnect can change: the consumer's settings must
-_REFUSED_FOR_GOOD = (SubOrderIsMustError, SubExtendNeedError, SubExtendForbiddenError)
+_REFUSED_FOR_GOOD = (
+    SubOrderIsMustError,
+    SubExtendNeedError,
+    SubExtendForbiddenError,
+    SubChannelNotRegisteredError,
+)
 
 
 def target_key(address: str, partition: int | None) -> str:
@@ -196,7 +202,13 @@ class Consumer:
                 "ordered=True with nsqd_tcp_addresses needs partition= (SUB_ORDERED names one"
                 " partition); give lookupd_http_addresses to consume every partition"
             )
+        if self.ordered and self.config.sample_rate:
+            raise ValueError(
+                "ordered=True cannot sample: youzan's nsqd refuses SUB_ORDERED with a sample_rate"
+            )
         self.on_out_of_order = on_out_of_order
+        #: warned once that ordered=True switches a topic that is not ordered
+        self._warned_unordered = False
         #: the subscriptions to the nsqd given directly (see target_key)
         self._direct = {target_key(a, self.partition) for a in self.nsqd_tcp_addresses}
         self._lookupds = LookupdPool(
@@ -560,6 +572,8 @@ class Consumer:
         config = self.config
         if "partitions" in result:  # youzan's nsqlookupd
             meta = result.get("meta") or {}
+            if isinstance(meta, dict) and "ordered" in meta and not self._ordered_fits(meta):
+                return {}
             wants_ext = meta.get("extend_support") if isinstance(meta, dict) else None
             extend = config.extend_support if wants_ext is None else bool(wants_ext)
             if not config.youzan or extend != config.extend_support:
@@ -586,6 +600,24 @@ class Consumer:
             if self.partition is None or partition == self.partition:
                 out[target_key(address, partition)] = config
         return out
+
+    def _ordered_fits(self, meta: dict[str, Any]) -> bool:
+        """Whether lookup's ``meta`` agrees with ``ordered``; stop (topic ordered, consumer
+        not) or warn once (consumer ordered, topic not) when it does not."""
+        if meta.get("ordered") and not self.ordered:
+            self._fail(
+                _refused_error(SubOrderIsMustError("lookupd says the topic is ordered"), self.topic)
+            )
+            return False
+        if self.ordered and not meta.get("ordered") and not self._warned_unordered:
+            self._warned_unordered = True
+            logger.warning(
+                "topic %s is not ordered, yet ordered=True: SUB_ORDERED makes youzan's nsqd"
+                " send the whole channel %s in order, to every consumer of it",
+                self.topic,
+                self.channel,
+            )
+        return True
 
     def _start_connect(self, key: str, direct: bool) -> None:
         """Connect to ``key``'s nsqd on a thread of its own, so that a slow or hung nsqd never
@@ -644,6 +676,16 @@ class Consumer:
             conn.close(0.5)
             with self._lock:
                 self._connecting.pop(key, None)
+                if not direct and conn.partition is not None:
+                    # youzan: E_FAILED_ON_NOT_LEADER and the like; ask lookupd again soon,
+                    # more slowly while it keeps failing
+                    failures = self._reconnect_failures.get(key, 0) + 1
+                    self._reconnect_failures[key] = failures
+                    delay = reconnect_delay(
+                        failures, self.config.reconnect_interval, self.config.max_reconnect_interval
+                    )
+                    self._requery_at = min(self._requery_at, time.monotonic() + delay)
+                    self._discovery_wake.set()
             self._schedule_reconnect(key, direct, exc)
             return
         with self._lock:
@@ -1004,6 +1046,11 @@ def _refused_error(exc: ServerError, topic: str) -> NSQError:
         hint = f"topic {topic!r} is ordered: it must be consumed with ordered=True"
     elif isinstance(exc, SubExtendNeedError):
         hint = f"topic {topic!r} has extend support: consume it with extend_support=True"
+    elif isinstance(exc, SubChannelNotRegisteredError):
+        hint = (
+            f"topic {topic!r} creates no channel on SUB (disable_channel_auto_create):"
+            " create the channel first, e.g. in nsqadmin"
+        )
     else:
         hint = f"topic {topic!r} has no extend support: consume it without extend_support=True"
     return type(exc)(f"{hint} (nsqd answered: {exc.message or exc.code})")

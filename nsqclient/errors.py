@@ -197,7 +197,10 @@ class FailedOnNotLeaderError(ServerError):
 
 
 class FailedOnNotWritableError(ServerError):
+    """The partition takes no writes now (youzan): refresh lookup and retry."""
+
     code = "E_FAILED_ON_NOT_WRITABLE"
+    fatal = False
 
 
 class TopicNotExistError(ServerError):

@@ -86,8 +86,8 @@ class TopicRoute:
         leaders: partition -> ``"host:tcp_port"`` of the nsqd leading it (youzan); empty for
             a classic topic.
         nsqd: every ``"host:tcp_port"`` lookup listed (the classic producers list).
-        partition_num: partitions the topic has (youzan's ``meta``; else the number of
-            partitions listed; 0 for a classic topic).
+        partition_num: partitions the topic has, from youzan's ``meta`` (0 when lookup did
+            not say: a classic topic, or a lookup without ``metainfo``).
         ordered: youzan's ``orderedmulti``: consume with ``ordered=True``, publish with a
             partition or key.
         extend_support: the topic takes ``PUB_EXT`` headers.
@@ -137,8 +137,6 @@ def route_from_lookup(topic: str, result: Mapping[str, Any]) -> TopicRoute:
             partition_num = int(meta.get("partition_num") or 0)
         except (TypeError, ValueError):
             partition_num = 0
-    if not partition_num and leaders:
-        partition_num = max(leaders) + 1
     return TopicRoute(
         topic=topic,
         leaders=leaders,

@@ -33,7 +33,7 @@ from typing import Any
 
 from . import protocol
 from .backoff import reconnect_delay
-from .checks import check_float
+from .checks import check_float, check_int
 from .config import Config
 from .conn import AnyFuture, Connection, RequestFuture, Waiter, parse_address
 from .errors import (
@@ -43,6 +43,7 @@ from .errors import (
     NoRouteError,
     NSQError,
     NSQTimeoutError,
+    ServerError,
     TopicNotExistError,
 )
 from .lookup import LookupdPool
@@ -273,6 +274,7 @@ class Producer:
             self._publish(self._pub_command(topic, body), timeout)
             return None
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
+        self._check_ext(topic, ext)
         return self._publish_routed(topic, build, traced, timeout, partition, key)
 
     def mpub(
@@ -299,6 +301,7 @@ class Producer:
             self._publish(protocol.mpub(topic, bodies), timeout)
             return None
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
+        self._check_ext(topic, ext)
         return self._publish_routed(topic, build, traced, timeout, partition, key)
 
     def dpub(
@@ -337,6 +340,7 @@ class Producer:
         ):
             return self._submit(self._pub_command(topic, body), None, RequestFuture)
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
+        self._check_ext(topic, ext)
         return self._submit_routed(topic, build, traced, partition, key)
 
     def mpub_async(
@@ -360,6 +364,7 @@ class Producer:
         ):
             return self._submit(protocol.mpub(topic, bodies), None, RequestFuture)
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
+        self._check_ext(topic, ext)
         return self._submit_routed(topic, build, traced, partition, key)
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
@@ -602,19 +607,18 @@ class Producer:
         """The command builder of one PUB-like publish (checked here, before any I/O), and
         whether it is traced."""
         traced = trace_id is not None or self._tracing
-        if traced and ext is not None:
-            raise ValueError("a publish cannot be both traced and carry ext headers (PUB_EXT)")
         build: _Build
-        if traced:
+        if ext is not None:
+            ext = _traced_header(ext, (trace_id or 0) if traced else None)
+
+            def build(p: int | None) -> bytes:
+                return protocol.pub_ext(topic, protocol.to_bytes(body), ext, p)
+
+        elif traced:
             tid = 0 if trace_id is None else trace_id
 
             def build(p: int | None) -> bytes:
                 return protocol.pub_trace(topic, protocol.to_bytes(body), tid, p)
-
-        elif ext is not None:
-
-            def build(p: int | None) -> bytes:
-                return protocol.pub_ext(topic, protocol.to_bytes(body), ext, p)
 
         else:
 
@@ -634,12 +638,19 @@ class Producer:
     ) -> tuple[_Build, bool]:
         """:meth:`_pub_builder` for MPUB and its traced and extended forms."""
         traced = trace_id is not None or self._tracing
-        if traced and ext is not None:
-            raise ValueError("a publish cannot be both traced and carry ext headers (MPUB_EXT)")
+        if traced and ext is not None and not (trace_id is None or isinstance(trace_id, int)):
+            raise ValueError("an MPUB with ext headers takes one trace id for every message")
         protocol.check_body_list(bodies, "MPUB")
         items = [protocol.to_bytes(b) for b in bodies]
         build: _Build
-        if traced:
+        if ext is not None:
+            tid = (trace_id or 0) if traced else None
+            exts = [_traced_header(ext, tid)] * len(items)  # type: ignore[arg-type]
+
+            def build(p: int | None) -> bytes:
+                return protocol.mpub_ext(topic, items, exts, p)
+
+        elif traced:
             if trace_id is None or isinstance(trace_id, int):
                 ids = [trace_id or 0] * len(items)
             else:
@@ -648,12 +659,6 @@ class Producer:
             def build(p: int | None) -> bytes:
                 return protocol.mpub_trace(topic, items, ids, p)
 
-        elif ext is not None:
-            exts = [ext] * len(items)
-
-            def build(p: int | None) -> bytes:
-                return protocol.mpub_ext(topic, items, exts, p)
-
         else:
 
             def build(p: int | None) -> bytes:
@@ -661,6 +666,17 @@ class Producer:
 
         build(partition)
         return build, traced
+
+    def _check_ext(self, topic: str, ext: dict[str, Any] | None) -> None:
+        """ext headers only for a topic lookup says takes them (youzan's nsqd answers others
+        with an error, and an MPUB_EXT refused midway leaves the stream unusable)."""
+        if ext is None or self._router is None:
+            return
+        route = self._router.route(topic)
+        if route.partitioned and not route.extend_support:
+            raise ValueError(
+                f"topic {topic!r} was not created with extend support: publish it without ext="
+            )
 
     def _check_not_partitioned(self, topic: str) -> None:
         assert self._router is not None
@@ -728,7 +744,12 @@ class Producer:
         while True:
             try:
                 p, slots = self._target(topic, partition, key)
-                reply = self._publish(build(p), timeout, slots, deadline)
+                command = build(p)
+                try:
+                    reply = self._publish(command, timeout, slots, deadline)
+                except ServerError:
+                    self._after_refusal(command, slots)
+                    raise
             except (NoRouteError, *_STALE_ROUTE) as exc:
                 delay = self._retry_delay(topic, exc, retries)
                 if delay is None or time.monotonic() + delay >= deadline:
@@ -743,7 +764,11 @@ class Producer:
 
     def _traced(
         self, topic: str, partition: int | None, address: str, reply: bytes, started: float
-    ) -> PublishResult:
+    ) -> PublishResult | None:
+        if reply == protocol.OK:
+            # youzan answers an MPUB_EXT whose headers carry trace ids with a plain OK
+            trace_logger.info("traced publish to %s answered a plain OK (no ids)", topic)
+            return None
         decoded = protocol.decode_trace_reply(reply)
         result = PublishResult(
             decoded.internal_id,
@@ -789,7 +814,8 @@ class Producer:
         def attempt(retries: int) -> None:
             try:
                 p, slots = self._target(topic, partition, key)
-                inner = self._submit(build(p), None, RequestFuture, slots)
+                command = build(p)
+                inner = self._submit(command, None, RequestFuture, slots)
             except (ValueError, TypeError) as exc:
                 if retries == 0:
                     raise  # bad input: at the call site
@@ -799,11 +825,20 @@ class Producer:
                 failed(exc, retries)
                 return
             address = slots[0].address if slots else ""
-            inner.add_done_callback(lambda f: answered(f, p, address, retries))
+            inner.add_done_callback(lambda f: answered(f, p, address, retries, command, slots))
 
-        def answered(inner: Future, p: int | None, address: str, retries: int) -> None:
+        def answered(
+            inner: Future,
+            p: int | None,
+            address: str,
+            retries: int,
+            command: bytes,
+            slots: list[_Slot] | None,
+        ) -> None:
             exc = inner.exception()
             if exc is not None:
+                if isinstance(exc, ServerError):
+                    self._after_refusal(command, slots)
                 failed(exc, retries)
             elif traced:
                 try:
@@ -829,6 +864,15 @@ class Producer:
             self._forget_routed(outer)
             raise
         return outer
+
+    def _after_refusal(self, command: bytes, slots: list[_Slot] | None) -> None:
+        """youzan's nsqd answers an MPUB_EXT it refuses before reading all of it: what it
+        left unread would be taken for commands, so that connection is done for."""
+        if not command.startswith(b"MPUB_EXT ") or not slots:
+            return
+        conn = slots[0].conn
+        if conn is not None and conn.pid == os.getpid():
+            conn.close(0.0)
 
     def _forget_routed(self, future: Future) -> None:
         with self._routed_lock:
@@ -857,6 +901,10 @@ class Producer:
         if conn is not None:
             slot.retire(conn)
             slot.conn = None
+            if not conn.is_closed and conn.pid == os.getpid():
+                # nsqd sent an error it usually closes after, but kept the connection open
+                # (youzan does after some errors): close it rather than leak its threads.
+                conn.close(0.0)
         conn = Connection(slot.address, self.config, caller_reads=True)
         try:
             conn.connect(deadline)
@@ -923,3 +971,16 @@ def _not_processed(future: Future | Waiter) -> bool:
 
 def _delay_ms(delay: float) -> int:
     return int(round(check_float(delay, "delay", "seconds", min=0) * 1000))
+
+
+#: the key of a youzan message header that carries the trace id (a decimal string)
+TRACE_ID_KEY = "##trace_id"
+
+
+def _traced_header(ext: dict[str, Any], trace_id: int | None) -> dict[str, Any]:
+    """``ext`` with the trace id in it (youzan traces PUB_EXT through its header)."""
+    if not isinstance(ext, dict):
+        raise TypeError(f"ext must be a dict of JSON headers, not {type(ext).__name__}")
+    if trace_id is None:
+        return ext
+    return {**ext, TRACE_ID_KEY: str(check_int(trace_id, "trace id", min=0, max=2**64 - 1))}

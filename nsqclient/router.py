@@ -118,10 +118,17 @@ class Router:
                 raise NoRouteError(f"lookupd knows no nsqd to publish {topic!r} to")
             return None, route.nsqd[next(self._rr) % len(route.nsqd)]
         if key is not None:
+            if not route.partition_num:
+                # Guessing the count from the partitions listed would send keys elsewhere
+                # than other clients do while a partition has no leader.
+                raise NoRouteError(
+                    f"lookupd did not say how many partitions {topic!r} has (no metainfo):"
+                    " key= needs it"
+                )
             partition = key_partition(key, route.partition_num)
         elif partition is not None:
             check_int(partition, "partition", min=0)
-            if partition >= route.partition_num:
+            if route.partition_num and partition >= route.partition_num:
                 raise ValueError(
                     f"topic {topic!r} has {route.partition_num} partitions"
                     f" (0..{route.partition_num - 1}), not partition {partition}"

@@ -88,10 +88,10 @@ def test_route_from_a_youzan_lookup_with_meta():
     assert route.nsqd == ("h0:4150", "h1:4250")
 
 
-def test_route_without_meta_counts_the_partitions_listed():
+def test_route_without_meta_does_not_guess_the_partition_count():
     node = {"broadcast_address": "h", "tcp_port": 1}
     route = route_from_lookup("t", {"producers": [node], "partitions": {"0": node, "2": node}})
-    assert route.partition_num == 3
+    assert route.partitioned and route.partition_num == 0
 
 
 def test_route_refuses_a_partition_that_is_not_a_number():

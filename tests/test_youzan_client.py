@@ -14,10 +14,13 @@ import pytest
 from nsqclient import Consumer, Message, Producer
 from nsqclient.errors import (
     BadPartitionError,
+    ExtNotSupportedError,
     FailedOnNotWritableError,
+    InvalidTraceIDError,
     NoRouteError,
     SubOrderIsMustError,
 )
+from nsqclient.http import LookupdClient
 from nsqclient.partitions import key_partition
 from nsqclient.protocol import DecodedMessage
 from nsqclient.testing import EmbeddedNSQ
@@ -383,3 +386,76 @@ def test_offsets_going_down_on_a_partition_run_the_hook():
     assert calls == []
     consumer._check_offset(message(b"back", 0, 5))
     assert calls == [(b"back", 10)]
+
+
+def test_trace_id_with_ext_headers_goes_in_the_header(cluster, producers, youzan_consumers):
+    cluster.create_topic("yz_ext_trace", partitions=1, replica=1, ext=True)
+    cluster.create_channel("yz_ext_trace", "c")
+    producer = producers()
+    result = producer.pub("yz_ext_trace", b"m", ext={"k": "v"}, trace_id=31)
+    assert result.trace_id == 31 and result.partition == 0
+    producer.mpub("yz_ext_trace", [b"a", b"b"], ext={"k": "w"}, trace_id=32)
+    got: list[Message] = []
+    youzan_consumers("yz_ext_trace", "c", got.append, max_in_flight=3)
+    wait_for(lambda: len(got) == 3, TIMEOUT)
+    first = next(m for m in got if m.body == b"m")
+    assert first.ext == {"k": "v", "##trace_id": "31"} and first.trace_id == 31
+
+
+def test_ext_headers_on_a_topic_without_extend_support_are_refused(cluster, producers):
+    cluster.create_topic("yz_no_ext", partitions=1, replica=1)
+    cluster.create_channel("yz_no_ext", "c")
+    with pytest.raises(ValueError, match="extend support"):
+        producers().pub("yz_no_ext", b"m", ext={"k": "v"})
+
+
+def test_a_key_needs_the_partition_count(cluster, producers, monkeypatch):
+    cluster.create_topic("yz_nometa", partitions=2, replica=1)
+    cluster.create_channel("yz_nometa", "c")
+    producer = producers()
+    real_lookup = LookupdClient.lookup
+
+    def without_meta(self, topic, access=None, metainfo=False, **kwargs):
+        result = real_lookup(self, topic, access, False, **kwargs)
+        result.pop("meta", None)
+        return result
+
+    monkeypatch.setattr(LookupdClient, "lookup", without_meta)
+    with pytest.raises(NoRouteError, match="how many partitions"):
+        producer.pub("yz_nometa", b"m", key="k")
+    assert producer.pub("yz_nometa", b"m", partition=1) is None  # a partition needs no count
+
+
+def test_a_refused_mpub_ext_closes_its_connection(cluster, producers):
+    """youzan's nsqd refuses an MPUB_EXT before reading all of it: the Producer closes that
+    connection and publishes the next message on a new one."""
+    cluster.create_topic("yz_replace", partitions=1, replica=1, ext=True)
+    cluster.create_channel("yz_replace", "c")
+    producer = producers()
+    producer.pub("yz_replace", b"ok", partition=0)
+    slot = next(iter(producer._pool.values()))
+    first = slot.conn
+    with pytest.raises(InvalidTraceIDError):
+        producer.mpub("yz_replace", [b"m", b"n"], partition=0, ext={"##trace_id": "x"})
+    producer.pub("yz_replace", b"again", partition=0)
+    assert slot.conn is not first
+    wait_for(lambda: first.is_closed, TIMEOUT, message="the old connection was left open")
+
+
+def test_a_connection_left_open_after_a_fatal_error_is_closed_when_replaced(cluster):
+    """youzan keeps the connection open after E_EXT_NOT_SUPPORT, which classic rules call
+    fatal: the Producer closes it when it makes a new one, instead of leaking its threads."""
+    cluster.create_topic("yz_leak", partitions=1, replica=1)
+    cluster.create_channel("yz_leak", "c")
+    leader = cluster.nsqds[cluster.partition_leader("yz_leak", 0)]
+    producer = Producer(leader.tcp_address)
+    try:
+        producer.pub("yz_leak", b"ok", partition=0)
+        first = producer._slots[0].conn
+        with pytest.raises(ExtNotSupportedError):
+            producer.pub("yz_leak", b"m", partition=0, ext={"k": "v"})
+        producer.pub("yz_leak", b"again", partition=0)
+        assert producer._slots[0].conn is not first
+        wait_for(lambda: first.is_closed, TIMEOUT, message="the old connection was left open")
+    finally:
+        producer.close()
