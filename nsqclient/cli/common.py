@@ -19,11 +19,13 @@ from typing import Any, TypeVar
 
 from .. import __version__
 from ..config import OPTIONS, Config
+from ..consumer import Consumer
 from ..errors import HTTPError
 from ..http import LookupdClient, TopicNotFoundError
 from ..protocol import valid_channel_name, valid_topic_name
 
 __all__ = [
+    "run_until_stopped",
     "CLIError",
     "UsageError",
     "parse_duration",
@@ -244,14 +246,17 @@ def add_count_flag(
     parser.add_argument(*flags, type=kind, default=default, metavar="N", help=help)
 
 
-def add_lookupd_flag(parser: argparse.ArgumentParser) -> None:
+def add_lookupd_flag(
+    parser: argparse.ArgumentParser,
+    help_text: str = "nsqlookupd HTTP address to discover nsqd from",
+) -> None:
     parser.add_argument(
         "--lookupd-http-address",
         dest="lookupd_http_addresses",
         action="append",
         default=[],
         metavar="HOST:PORT",
-        help="nsqlookupd HTTP address to discover nsqd from (may be given multiple times)",
+        help=help_text + " (may be given multiple times)",
     )
 
 
@@ -478,3 +483,14 @@ def check_reachable(args: argparse.Namespace, options: dict[str, Any], topic: st
         check_nsqd_reachable(args.nsqd_tcp_addresses, timeout)
     if args.lookupd_http_addresses:
         check_lookupd_reachable(args.lookupd_http_addresses, topic, timeout + 4.0)
+
+
+def run_until_stopped(stop: threading.Event, consumers: Sequence[Consumer]) -> str | None:
+    """Wait until ``stop`` is set (a signal, or the work is done) or a consumer stops by
+    itself (e.g. an ordered topic subscribed without --ordered); the error text of the
+    consumers that did, or None."""
+    while not stop.wait(0.5):
+        failed = [str(c.error) for c in consumers if c.error is not None]
+        if failed:
+            return "; ".join(failed)
+    return None

@@ -30,6 +30,7 @@ from .common import (
     UsageError,
     add_count_flag,
     add_log_level_flag,
+    add_lookupd_flag,
     add_nsqd_tcp_flag,
     add_options_flag,
     client_options,
@@ -58,6 +59,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default="-", help="file to read (default: stdin)")
     p.add_argument("--topic", type=topic_name, required=True, help="NSQ topic to publish to")
     add_nsqd_tcp_flag(p, "destination nsqd TCP address, each message goes to every one")
+    add_lookupd_flag(
+        p,
+        "nsqlookupd HTTP address to learn where the topic is written (youzan:"
+        " each partition's leader)",
+    )
+    p.add_argument(
+        "--partition",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="youzan: publish to this partition",
+    )
+    p.add_argument(
+        "--key",
+        default=None,
+        help="youzan: publish every message with this sharding key (all to one partition;"
+        " needs --lookupd-http-address)",
+    )
     p.add_argument(
         "--delimiter",
         default="\n",
@@ -194,24 +213,34 @@ class _Summary:
         return text
 
 
-def _publish(producers: list[Producer], topic: str, batch: list[bytes]) -> str | None:
-    """Publish ``batch`` to every producer; the error text of the first failure, or None."""
+def _publish(producers: list[Producer], topic: str, batch: list[bytes], **where: Any) -> str | None:
+    """Publish ``batch`` to every producer (``where``: partition= or key=); the error text of
+    the first failure, or None."""
     for producer in producers:
         try:
             if len(batch) == 1:
-                producer.pub(topic, batch[0])
+                producer.pub(topic, batch[0], **where)
             else:
-                producer.mpub(topic, batch)
-        except (NSQError, OSError) as exc:
-            where = ", ".join(str(s["address"]) for s in producer.stats()["nsqd"])
-            return f"publishing to nsqd {where} failed: {exc}"
+                producer.mpub(topic, batch, **where)
+        except (NSQError, OSError, ValueError) as exc:
+            nsqd = ", ".join(str(s["address"]) for s in producer.stats()["nsqd"])
+            return f"publishing to {nsqd or 'the nsqd lookupd names'} failed: {exc}"
     return None
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    if not args.nsqd_tcp_addresses:
-        raise UsageError("--nsqd-tcp-address required")
+    if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
+        raise UsageError("--nsqd-tcp-address or --lookupd-http-address required")
+    if args.key is not None and args.partition is not None:
+        raise UsageError("--key chooses the partition: give --key or --partition, not both")
+    if args.key is not None and (args.nsqd_tcp_addresses or not args.lookupd_http_addresses):
+        raise UsageError("--key needs --lookupd-http-address (and no --nsqd-tcp-address)")
+    where: dict[str, Any] = {}
+    if args.key is not None:
+        where["key"] = args.key
+    if args.partition is not None:
+        where["partition"] = args.partition
     delimiter = parse_delimiter(args.delimiter)
     options = client_options(args.client_options, user_agent=user_agent("pub"))
     if args.file == "-":
@@ -226,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
 
     addresses = list(dict.fromkeys(args.nsqd_tcp_addresses))
     producers = [Producer(address, **options) for address in addresses]
+    if args.lookupd_http_addresses:
+        producers.append(Producer(lookupd_http_addresses=args.lookupd_http_addresses, **options))
     summary = _Summary()
     signals = StopSignals()
     try:
@@ -238,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
                 for batch in batches(bodies, limit):
                     if not pacer.wait(summary.published):
                         break
-                    error = _publish(producers, args.topic, batch)
+                    error = _publish(producers, args.topic, batch, **where)
                     if error is not None:
                         summary.failed += len(batch)
                         summary.error = error

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 from ..consumer import Consumer
 from ..message import Message
 from .common import (
+    CLIError,
     StopSignals,
     UsageError,
     add_count_flag,
@@ -30,6 +31,7 @@ from .common import (
     check_sources,
     client_options,
     non_negative_int,
+    run_until_stopped,
     setup_logging,
     user_agent,
 )
@@ -72,6 +74,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="print one JSON object a line: topic, id, attempts, timestamp (ns), nsqd, body "
         "(or body_base64 when it is not UTF-8), and youzan's fields when present",
+    )
+    p.add_argument(
+        "--partition",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="youzan: consume this partition only (default: every partition lookupd names)",
+    )
+    p.add_argument(
+        "--ordered",
+        action="store_true",
+        help="youzan: subscribe with SUB_ORDERED (topics created ordered need it)",
     )
     add_options_flag(p, "--consumer-opt", "Consumer")
     add_log_level_flag(p)
@@ -181,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     check_sources(args)
     if args.json and args.print_topic:
         raise UsageError("--json already holds the topic; --print-topic does not apply")
+    if args.ordered and args.nsqd_tcp_addresses and args.partition is None:
+        raise UsageError("--ordered with --nsqd-tcp-address needs --partition")
     channel = args.channel or f"tail{random.randrange(1_000_000):06d}#ephemeral"
     max_in_flight = args.max_in_flight
     if args.total and args.total < max_in_flight:
@@ -204,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
             printer.handler(topic),
             nsqd_tcp_addresses=args.nsqd_tcp_addresses,
             lookupd_http_addresses=args.lookupd_http_addresses,
+            partition=args.partition,
+            ordered=args.ordered,
             **options,
         )
         for topic in dict.fromkeys(args.topics)
@@ -212,8 +230,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             for consumer in consumers:
                 consumer.start()
-            while not signals.event.wait(1.0):
-                pass
+            error = run_until_stopped(signals.event, consumers)
         finally:
             printer.stop()
             for consumer in consumers:
@@ -223,4 +240,6 @@ def run(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+    if error is not None:
+        raise CLIError(error)
     return 0

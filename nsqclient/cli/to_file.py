@@ -47,6 +47,7 @@ from .common import (
     non_negative_duration,
     parse_size,
     positive_duration,
+    run_until_stopped,
     setup_logging,
     user_agent,
 )
@@ -486,8 +487,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             for archiver in archivers:
                 archiver.start()
-            while not signals.event.wait(1.0):
-                pass
+            stopped = run_until_stopped(signals.event, [a.consumer for a in archivers])
         finally:
             for archiver in archivers:
                 archiver.begin_close()
@@ -496,6 +496,8 @@ def run(args: argparse.Namespace) -> int:
             for archiver in archivers:
                 archiver.consumer.stop(timeout=10.0)
     errors = [a.error for a in archivers if a.error]
+    if stopped is not None:
+        errors.append(stopped)
     for archiver in archivers:
         print(
             f"nsqclient to-file: {archiver.topic}: wrote {archiver.written} messages "

@@ -291,7 +291,7 @@ def test_every_subcommand_has_help_and_the_go_flag_names():
         (["tail", "--topic", "t", "--nsqd-tcp-address", "h:1", "-n", "-3"], "must not be negative"),
         (["tail", "--topic", "t", "--nsqd-tcp-address", "h:1", "--consumer-opt", "max_in_flite,2"],
          "did you mean 'max_in_flight'"),
-        (["pub", "--topic", "t"], "--nsqd-tcp-address required"),
+        (["pub", "--topic", "t"], "--nsqd-tcp-address or --lookupd-http-address required"),
         (["pub", "--topic", "t", "--nsqd-tcp-address", "h:1", "--delimiter", "ab"], "single byte"),
         (["stat", "--topic", "t", "--channel", "c"], "--nsqd-http-address or --lookupd-http"),
         (["stat", "--topic", "t", "--channel", "c", "--nsqd-http-address", "h:1",
