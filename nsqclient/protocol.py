@@ -258,11 +258,42 @@ def mpub_payload(items: Sequence[bytes], command: str = "MPUB") -> bytes:
     of ``items``, already bytes.  ValueError naming ``command`` when there are none."""
     if not items:
         raise ValueError(f"{command} needs at least one message")
-    parts = [_U32.pack(len(items))]
-    for item in items:
-        parts.append(_U32.pack(len(item)))
-        parts.append(item)
-    return b"".join(parts)
+    return b"".join(_mpub_parts(b"", items)[2:])
+
+
+class _PackedSizes(dict):
+    """``_U32.pack(n)`` for each size ``n`` asked for, kept (at most 4096 of them)."""
+
+    def __missing__(self, size: int) -> bytes:
+        if len(self) >= 4096:
+            self.clear()
+        packed = self[size] = _U32.pack(size)
+        return packed
+
+
+_packed_sizes = _PackedSizes()
+
+
+def _mpub_parts(line: bytes, items: Sequence[bytes]) -> list[bytes]:
+    """``[line, [4B size], [4B count], ([4B size], body)*]``, ready for one ``b"".join``
+    (the per-item work done by C loops: this runs for every MPUB)."""
+    n = len(items)
+    lengths = list(map(len, items))
+    parts = [b""] * (2 * n + 3)
+    parts[0] = line
+    parts[1] = _U32.pack(4 + 4 * n + sum(lengths))
+    parts[2] = _U32.pack(n)
+    parts[3::2] = map(_packed_sizes.__getitem__, lengths)
+    parts[4::2] = items
+    return parts
+
+
+def _plain_bodies(bodies: Sequence[object]) -> bool:
+    """True when every body is non-empty ``bytes`` (nothing to convert or refuse)."""
+    return set(map(type, bodies)) == _ONLY_BYTES and 0 not in map(len, bodies)  # type: ignore[arg-type]
+
+
+_ONLY_BYTES = {bytes}
 
 
 def check_body_list(bodies: object, command: str) -> None:
@@ -275,7 +306,10 @@ def mpub(topic: str, bodies: Sequence[bytes | str], partition: int | None = None
     """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
     check_body_list(bodies, "MPUB")
     line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
-    return line + _sized(mpub_payload([_body(b) for b in bodies]))
+    items = bodies if _plain_bodies(bodies) else [_body(b) for b in bodies]
+    if not items:
+        raise ValueError("MPUB needs at least one message")
+    return b"".join(_mpub_parts(line, items))  # type: ignore[arg-type]
 
 
 def published_count(command: bytes) -> int:

@@ -17,6 +17,7 @@ The expected byte strings are written out by hand from the NSQ TCP protocol spec
 from __future__ import annotations
 
 import json
+import random
 import struct
 
 import pytest
@@ -881,3 +882,27 @@ def test_an_empty_item_anywhere_in_a_list_is_refused(
     ):
         with pytest.raises(ValueError, match="must not be empty"):
             call()
+
+
+def _reference_mpub(topic: str, bodies: list[bytes]) -> bytes:
+    payload = struct.pack(">I", len(bodies)) + b"".join(
+        struct.pack(">I", len(b)) + b for b in bodies
+    )
+    return f"MPUB {topic}\n".encode() + struct.pack(">I", len(payload)) + payload
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_mpub_matches_a_plain_encoder(seed):
+    rng = random.Random(seed)
+    bodies = [rng.randbytes(rng.randint(1, 300)) for _ in range(rng.randint(1, 250))]
+    mixed = [
+        b.decode("latin-1") if i % 3 == 0 and b.isascii() else bytearray(b) if i % 5 == 0 else b
+        for i, b in enumerate(bodies)
+    ]
+    assert protocol.mpub("t", bodies) == _reference_mpub("t", bodies)
+    assert protocol.mpub("t", mixed) == _reference_mpub("t", bodies)
+
+
+def test_mpub_refuses_an_empty_body_among_plain_ones():
+    with pytest.raises(ValueError, match="empty"):
+        protocol.mpub("t", [b"a", b"", b"c"])
