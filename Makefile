@@ -19,7 +19,8 @@ SPLIT_WRITES_TESTS := tests/test_consumer.py tests/test_consumer_faults.py \
 	tests/test_consumer_scale.py tests/test_producer.py tests/test_producer_wsgi.py \
 	tests/test_conn.py tests/test_conn_writes.py tests/test_compat.py \
 	tests/test_consumer_resilience.py tests/test_producer_lifecycle.py \
-	tests/test_conn_caller_reads.py tests/test_request_future.py
+	tests/test_conn_caller_reads.py tests/test_request_future.py \
+	tests/test_youzan_client.py tests/test_producer_lookup.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -263,14 +263,7 @@ class Producer:
             ConnectionClosedError: no nsqd could be reached, or the connection died.
             NSQTimeoutError: no answer within ``timeout`` (the outcome is unknown).
         """
-        if (
-            self._router is None
-            and partition is None
-            and key is None
-            and trace_id is None
-            and ext is None
-            and not self._tracing
-        ):
+        if self._classic(partition, key, trace_id, ext):
             self._publish(self._pub_command(topic, body), timeout)
             return None
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
@@ -290,14 +283,7 @@ class Producer:
     ) -> PublishResult | None:
         """Publish several messages atomically (one MPUB); see :meth:`pub`.  ``trace_id`` may
         be one id for every message or one per message; ``ext`` goes with every message."""
-        if (
-            self._router is None
-            and partition is None
-            and key is None
-            and trace_id is None
-            and ext is None
-            and not self._tracing
-        ):
+        if self._classic(partition, key, trace_id, ext):
             self._publish(protocol.mpub(topic, bodies), timeout)
             return None
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
@@ -330,14 +316,7 @@ class Producer:
         :class:`PublishResult` when traced) or fails with the error :meth:`pub` would raise.
         Bad input raises here, at once.  With ``lookupd_http_addresses`` the first publish
         of a topic looks it up on the calling thread."""
-        if (
-            self._router is None
-            and partition is None
-            and key is None
-            and trace_id is None
-            and ext is None
-            and not self._tracing
-        ):
+        if self._classic(partition, key, trace_id, ext):
             return self._submit(self._pub_command(topic, body), None, RequestFuture)
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
         self._check_ext(topic, ext)
@@ -354,14 +333,7 @@ class Producer:
         ext: dict[str, Any] | None = None,
     ) -> Future:
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
-        if (
-            self._router is None
-            and partition is None
-            and key is None
-            and trace_id is None
-            and ext is None
-            and not self._tracing
-        ):
+        if self._classic(partition, key, trace_id, ext):
             return self._submit(protocol.mpub(topic, bodies), None, RequestFuture)
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
         self._check_ext(topic, ext)
@@ -374,6 +346,17 @@ class Producer:
             return self._submit(command, None, RequestFuture)
         self._check_not_partitioned(topic)
         return self._submit_routed(topic, lambda p: command, False, None, None)
+
+    def _classic(self, partition: object, key: object, trace_id: object, ext: object) -> bool:
+        """True for a publish with nothing of youzan's and no lookup: the fast path."""
+        return (
+            self._router is None
+            and partition is None
+            and key is None
+            and trace_id is None
+            and ext is None
+            and not self._tracing
+        )
 
     @property
     def tracing(self) -> bool:

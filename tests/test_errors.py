@@ -19,13 +19,14 @@ from nsqclient.errors import (
 )
 
 # A classic nsqd keeps the connection open only after the first three; youzan's nsqd also after
-# the others (E_FAILED_ON_NOT_LEADER on PUB; the rest are forecasts, the connection still waits
-# for the server to close).
+# the others (E_FAILED_ON_NOT_LEADER and E_FAILED_ON_NOT_WRITABLE on PUB; the rest are
+# forecasts, the connection still waits for the server to close).
 NON_FATAL = {
     "E_FIN_FAILED",
     "E_REQ_FAILED",
     "E_TOUCH_FAILED",
     "E_FAILED_ON_NOT_LEADER",
+    "E_FAILED_ON_NOT_WRITABLE",
     "E_CREATE_TOPIC_FAILED",
     "E_INVALID_JSON_HEADER",
     "INVALID_TRACE_ID",

@@ -51,21 +51,15 @@ def producers(cluster):
 
 
 @pytest.fixture
-def youzan_consumers(cluster):
-    made: list[Consumer] = []
+def youzan_consumers(cluster, consumers):
+    """conftest's ``consumers``, finding nsqd through the cluster's lookupd by default."""
 
     def make(topic, channel, handler, start=True, **kwargs) -> Consumer:
         kwargs.setdefault("lookupd_http_addresses", [cluster.lookupd.http_address])
         kwargs.setdefault("lookupd_poll_interval", 0.5)
-        consumer = Consumer(topic, channel, handler, **kwargs)
-        made.append(consumer)
-        if start:
-            consumer.start()
-        return consumer
+        return consumers(topic, channel, handler, start=start, **kwargs)
 
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
+    return make
 
 
 def test_keyed_publishes_land_on_one_partition_from_two_producers(cluster, producers):
