@@ -531,10 +531,13 @@ class Consumer:
             wait = 1.0
             try:
                 self._drain_events()
-                if time.monotonic() >= min(next_poll, self._requery_at):
+                with self._lock:  # a connection closing sets _requery_at meanwhile
+                    due = time.monotonic() >= min(next_poll, self._requery_at)
+                    if due:
+                        self._requery_at = float("inf")
+                if due:
                     jitter = random.random() * cfg.lookupd_poll_jitter * cfg.lookupd_poll_interval
                     next_poll = time.monotonic() + cfg.lookupd_poll_interval + jitter
-                    self._requery_at = float("inf")
                     self._query_lookupds()
                 for key in self._due_reconnects(time.monotonic()):
                     self._start_connect(key, direct=key in self._direct)
