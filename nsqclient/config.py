@@ -277,7 +277,8 @@ OPTIONS: dict[str, Option] = {
             "reconnect_interval",
             1.0,
             float,
-            "seconds, base delay before reconnecting a direct nsqd address",
+            "seconds, base delay before reconnecting a direct nsqd address (or, youzan, looking"
+            " up a partition whose connection closed again)",
             0.0,
             None,
         ),

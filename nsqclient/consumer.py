@@ -679,16 +679,6 @@ class Consumer:
             conn.close(0.5)
             with self._lock:
                 self._connecting.pop(key, None)
-                if not direct and conn.partition is not None:
-                    # youzan: E_FAILED_ON_NOT_LEADER and the like; ask lookupd again soon,
-                    # more slowly while it keeps failing
-                    failures = self._reconnect_failures.get(key, 0) + 1
-                    self._reconnect_failures[key] = failures
-                    delay = reconnect_delay(
-                        failures, self.config.reconnect_interval, self.config.max_reconnect_interval
-                    )
-                    self._requery_at = min(self._requery_at, time.monotonic() + delay)
-                    self._discovery_wake.set()
             self._schedule_reconnect(key, direct, exc)
             return
         with self._lock:
@@ -706,19 +696,27 @@ class Consumer:
         self._run_hook(self.on_connect, key)
         self._rdy_wake.set()
 
-    def _schedule_reconnect(self, address: str, direct: bool, reason: BaseException | None) -> None:
+    def _schedule_reconnect(self, key: str, direct: bool, reason: BaseException | None) -> None:
+        """After a connection to ``key`` closed or failed: reconnect a direct address, or
+        (youzan) look a lookupd-found partition up again, after a delay that grows while it
+        keeps failing.  A classic lookupd-found nsqd comes back when a later poll lists it."""
         if self._stopping.is_set():
             return
-        if not direct:
-            return  # lookupd-found nsqd come back when a later poll lists them
+        partitioned = split_key(key)[1] is not None
+        if not direct and not partitioned:
+            return
         with self._lock:
-            failures = self._reconnect_failures.get(address, 0) + 1
-            self._reconnect_failures[address] = failures
+            failures = self._reconnect_failures.get(key, 0) + 1
+            self._reconnect_failures[key] = failures
             delay = reconnect_delay(
                 failures, self.config.reconnect_interval, self.config.max_reconnect_interval
             )
-            self._reconnect_at[address] = time.monotonic() + delay
-        logger.info("reconnecting to %s in %.1fs", address, delay)
+            if direct:
+                self._reconnect_at[key] = time.monotonic() + delay
+            else:
+                # the partition's leader may have moved: ask lookupd where it is now
+                self._requery_at = min(self._requery_at, time.monotonic() + delay)
+        logger.info("%s %s in %.1fs", "reconnecting to" if direct else "looking up", key, delay)
         self._discovery_wake.set()
 
     def _drain_events(self) -> None:
@@ -789,9 +787,6 @@ class Consumer:
             if info is None or info.conn is not conn:
                 return
             del self._conns[conn.key]
-            if not info.direct and conn.partition is not None:
-                # youzan: a partition's leader may have moved; ask lookupd again soon
-                self._requery_at = min(self._requery_at, time.monotonic() + 1.0)
         self._events.put((conn.key, reason))
         self._schedule_reconnect(conn.key, info.direct, reason)
         self._rdy_wake.set()

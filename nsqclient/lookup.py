@@ -3,8 +3,8 @@
 A :class:`LookupdPool` keeps one :class:`~nsqclient.http.LookupdClient` per nsqlookupd, learns
 the other members of a youzan cluster from ``/listlookup``, and demotes a lookupd that keeps
 failing: after ``DEMOTE_AFTER`` failures in a row it is skipped for a while (growing with each
-further failure, at most ``MAX_DEMOTION`` seconds), unless every lookupd is demoted, in which
-case they are all asked again.  The last working one is never left out.
+further failure, at most ``MAX_DEMOTION`` seconds), unless it is the only one not demoted: one
+lookupd is always asked.
 """
 
 from __future__ import annotations
@@ -93,18 +93,11 @@ class LookupdPool:
             return list(self._clients)
 
     def candidates(self) -> list[LookupdClient]:
-        """The lookupds to ask now, in order: those not demoted; all of them when every one
-        is demoted (never none)."""
+        """The lookupds to ask now, in order: those not demoted (never none, as
+        :meth:`failed` never demotes the last of them)."""
         now = self._clock()
         with self._lock:
-            healthy = [
-                c for a, c in self._clients.items() if self._demoted_until.get(a, 0.0) <= now
-            ]
-            if healthy:
-                return healthy
-            # every one is demoted: ask the one whose demotion ends first, then the rest
-            order = sorted(self._clients, key=lambda a: self._demoted_until.get(a, 0.0))
-            return [self._clients[a] for a in order]
+            return [c for a, c in self._clients.items() if self._demoted_until.get(a, 0.0) <= now]
 
     def _address_of(self, client: LookupdClient) -> str | None:
         for address, c in self._clients.items():
