@@ -124,12 +124,16 @@ class EmbeddedNSQ:
             raise RuntimeError("the embedded NSQ event loop did not start")
         try:
             if self.youzan:
-                self._call(self._start_youzan_async())
+                self._coordinator = Coordinator(loop)
             elif self.use_lookupd:
                 self._call(self._start_lookupd_async())
             for i in range(self.nsqd_count):
                 addresses = self._nsqd_addresses[i] if i < len(self._nsqd_addresses) else None
                 self._add_nsqd(addresses, {})
+            if self.youzan and self.use_lookupd:
+                # youzan nodes need no lookupd to start; listening last means a lookupd that
+                # answers already knows every node, so a topic created then spreads over all
+                self._call(self._start_youzan_lookupds_async())
         except BaseException:
             self.close()
             raise
@@ -211,12 +215,10 @@ class EmbeddedNSQ:
             self.lookupd = LookupdNode(self.host, server.tcp_port, server.http_port)
             self.lookupds = [self.lookupd]
 
-    async def _start_youzan_async(self) -> None:
-        """The metadata and the youzan nsqlookupds (the first on ``lookupd_addresses``)."""
+    async def _start_youzan_lookupds_async(self) -> None:
+        """The youzan nsqlookupds (the first on ``lookupd_addresses``)."""
         loop = asyncio.get_running_loop()
-        self._coordinator = Coordinator(loop)
-        if not self.use_lookupd:
-            return
+        assert self._coordinator is not None
         for i in range(self.lookupd_count):
             tcp_port = http_port = 0
             if i == 0 and self._lookupd_addresses:
