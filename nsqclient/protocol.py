@@ -274,11 +274,15 @@ class _PackedSizes(dict):
 _packed_sizes = _PackedSizes()
 
 
-def _mpub_parts(line: bytes, items: Sequence[bytes]) -> list[bytes]:
+def _mpub_parts(
+    line: bytes, items: Sequence[bytes], lengths: list[int] | None = None
+) -> list[bytes]:
     """``[line, [4B size], [4B count], ([4B size], body)*]``, ready for one ``b"".join``
-    (the per-item work done by C loops: this runs for every MPUB)."""
+    (the per-item work done by C loops: this runs for every MPUB).  ``lengths``: the items'
+    lengths when the caller has them already."""
     n = len(items)
-    lengths = list(map(len, items))
+    if lengths is None:
+        lengths = list(map(len, items))
     parts = [b""] * (2 * n + 3)
     parts[0] = line
     parts[1] = _U32.pack(4 + 4 * n + sum(lengths))
@@ -288,9 +292,13 @@ def _mpub_parts(line: bytes, items: Sequence[bytes]) -> list[bytes]:
     return parts
 
 
-def _plain_bodies(bodies: Sequence[object]) -> bool:
-    """True when every body is non-empty ``bytes`` (nothing to convert or refuse)."""
-    return set(map(type, bodies)) == _ONLY_BYTES and 0 not in map(len, bodies)  # type: ignore[arg-type]
+def _plain_lengths(bodies: Sequence[object]) -> list[int] | None:
+    """The lengths of ``bodies`` when every one is non-empty ``bytes`` (nothing to convert or
+    refuse); None otherwise."""
+    if set(map(type, bodies)) != _ONLY_BYTES:
+        return None
+    lengths = list(map(len, bodies))  # type: ignore[arg-type]
+    return None if 0 in lengths else lengths
 
 
 _ONLY_BYTES = {bytes}
@@ -306,10 +314,11 @@ def mpub(topic: str, bodies: Sequence[bytes | str], partition: int | None = None
     """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
     check_body_list(bodies, "MPUB")
     line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
-    items = bodies if _plain_bodies(bodies) else [_body(b) for b in bodies]
+    lengths = _plain_lengths(bodies)
+    items = bodies if lengths is not None else [_body(b) for b in bodies]
     if not items:
         raise ValueError("MPUB needs at least one message")
-    return b"".join(_mpub_parts(line, items))  # type: ignore[arg-type]
+    return b"".join(_mpub_parts(line, items, lengths))  # type: ignore[arg-type]
 
 
 def published_count(command: bytes) -> int:
