@@ -6,6 +6,8 @@ stale), and picks ``(partition, "host:tcp_port")`` for each publish: the partiti
 partition of a sharding key (:func:`~nsqclient.partitions.key_partition`), or the next
 partition round-robin.  A classic topic (no partitions in the answer) goes round-robin over
 the nsqd that have it, or, for a topic no nsqd has yet, over every nsqd lookupd knows.
+At most ``max_topics`` routes are kept: past that, the route fetched longest ago is dropped
+(and looked up again if that topic is published again).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Router:
         pool: the nsqlookupds to ask.
         refresh_interval: seconds a topic's route is used before it is asked again.
         clock: the monotonic clock.
+        max_topics: routes kept at most (a Producer publishing to ever new topic names must
+            not grow without bound); the one fetched longest ago goes first.
     """
 
     def __init__(
@@ -41,9 +45,11 @@ class Router:
         pool: LookupdPool,
         refresh_interval: float,
         clock: Callable[[], float] = time.monotonic,
+        max_topics: int = 1024,
     ):
         self.pool = pool
         self.refresh_interval = refresh_interval
+        self.max_topics = check_int(max_topics, "max_topics", min=1)
         self._clock = clock
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[TopicRoute, float]] = {}
@@ -64,13 +70,42 @@ class Router:
             cached = self._routes.get(topic)
             if cached is not None and self._clock() - cached[1] < self.refresh_interval:
                 return cached[0]
-            route = self._fetch(topic)
-            self._routes[topic] = (route, self._clock())
+            try:
+                route = self._fetch(topic)
+            except BaseException:
+                self._forget_fetch_locks()
+                raise
+            self._keep(topic, route)
             return route
 
     def invalidate(self, topic: str) -> None:
         """Forget the topic's route: the next publish looks it up again."""
-        self._routes.pop(topic, None)
+        with self._lock:
+            self._routes.pop(topic, None)
+
+    def cached_topics(self) -> list[str]:
+        """The topics whose route is kept, fetched longest ago first."""
+        with self._lock:
+            return list(self._routes)
+
+    def _keep(self, topic: str, route: TopicRoute) -> None:
+        """Store a fresh route last in line, dropping the oldest beyond ``max_topics``."""
+        with self._lock:
+            self._routes.pop(topic, None)
+            self._routes[topic] = (route, self._clock())
+            while len(self._routes) > self.max_topics:
+                del self._routes[next(iter(self._routes))]
+        self._forget_fetch_locks()
+
+    def _forget_fetch_locks(self) -> None:
+        """Drop the fetch locks of topics without a kept route that no thread holds (topics
+        whose route was dropped, or whose lookup failed) once there are too many."""
+        with self._lock:
+            if len(self._fetching) <= self.max_topics:
+                return
+            for name, lock in list(self._fetching.items()):
+                if name not in self._routes and not lock.locked():
+                    del self._fetching[name]
 
     def _fetch(self, topic: str) -> TopicRoute:
         if self._clock() >= self._next_members:
