@@ -13,7 +13,11 @@ Cases (200-byte messages, a fresh topic for every client and case):
                  8 chains of callbacks on one IOLoop, i.e. 8 PUBs outstanding at a time;
                  gnsq: 8 greenlets);
 * ``mpub x200``  one publisher, MPUB of 200 messages, waiting for each OK (go-nsq's
-                 ``bench_writer --batch-size=200`` beside it when NSQ_BIN_DIR holds it).
+                 ``bench_writer --batch-size=200`` beside it when NSQ_BIN_DIR holds it);
+* ``mpub x200 xC``  bench_writer's own shape: C publishers (C = this machine's CPU count, as
+                 bench_writer runs one connection per CPU), each MPUBing 200 messages and
+                 waiting for its OK (nsqclient: C threads sharing one Producer; pynsq: C
+                 chains of callbacks; gnsq: C greenlets; socket: C MPUBs in flight).
 
 After the repeats, one more nsqclient run of ``--rss-messages`` ``pub_async`` (at most 10,000
 unanswered at a time) samples the publisher's resident memory at 25/50/75/100%.
@@ -41,6 +45,7 @@ that nsqd's ``/stats`` counts exactly the messages published.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -49,12 +54,15 @@ from typing import Any
 
 import _common as common
 
+CPUS = os.cpu_count() or 1
+MPUB_PER_CPU = f"mpub x200 x{CPUS}"  # bench_writer's shape: one publisher per CPU
 CASES = {
     # name: (publishers, batch size); publishers 0: pipelined, every publish sent at once
     "pipelined": (0, 1),
     "pub x1": (1, 1),
     "pub x8": (8, 1),
     "mpub x200": (1, 200),
+    MPUB_PER_CPU: (CPUS, 200),
 }
 CLIENTS = ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer")
 # which clients each case runs (the threaded floor has no pipelined form; bench_writer only MPUBs)
@@ -63,6 +71,7 @@ CASE_CLIENTS = {
     "pub x1": ("nsqclient", "pynsq", "gnsq", "socket", "threads"),
     "pub x8": ("nsqclient", "pynsq", "gnsq", "socket", "threads"),
     "mpub x200": ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer"),
+    MPUB_PER_CPU: ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer"),
 }
 SOCKET_PIPELINE_WINDOW = 1000  # the socket floor's commands in flight in the pipelined case
 MEMORY_WINDOW = 10_000  # unanswered pub_async at most in the memory run
@@ -93,10 +102,15 @@ def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
     go = threading.Event()
 
     def publish(count: int) -> None:
+        batches = _share_batches(count, batch, body) if batch > 1 else []
         go.wait(30.0)
         try:
-            for _ in range(count):
-                producer.pub(topic, body)
+            if batches:
+                for bodies in batches:
+                    producer.mpub(topic, bodies)
+            else:
+                for _ in range(count):
+                    producer.pub(topic, body)
         except BaseException as exc:  # reported, not swallowed
             errors.append(exc)
 
@@ -106,8 +120,8 @@ def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
         producer.pub(topic + "_warmup", body)  # connect before the clock starts
         if spec.get("memory"):
             extra = _nsqclient_memory(producer, topic, body, n, window)
-        elif batch > 1:
-            batches = [[body] * size for size in _split_batches(n, batch)]
+        elif batch > 1 and publishers == 1:
+            batches = _share_batches(n, batch, body)
             window.start()
             for bodies in batches:
                 producer.mpub(topic, bodies)
@@ -127,7 +141,7 @@ def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             threads = [
                 threading.Thread(target=publish, args=(count,), name=f"bench-pub-{i}")
-                for i, count in enumerate(_split(n, publishers))
+                for i, count in enumerate(_split_publishers(n, publishers, batch))
             ]
             for t in threads:
                 t.start()
@@ -187,6 +201,20 @@ def _split_batches(n: int, batch: int) -> list[int]:
     if n % batch:
         sizes.append(n % batch)
     return sizes
+
+
+def _split_publishers(n: int, publishers: int, batch: int) -> list[int]:
+    """Each publisher's share of n messages, in whole batches (the last share takes the rest)."""
+    if batch == 1:
+        return _split(n, publishers)
+    shares = [batch * k for k in _split(n // batch, publishers)]
+    shares[-1] += n % batch
+    return shares
+
+
+def _share_batches(count: int, batch: int, body: bytes) -> list[list[bytes]]:
+    """``count`` messages as MPUB batches of ``batch`` bodies (the last one smaller)."""
+    return [[body] * size for size in _split_batches(count, batch)]
 
 
 def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
@@ -286,10 +314,20 @@ def run_gnsq(spec: dict[str, Any]) -> dict[str, Any]:
         try:
             producer.publish(topic + "_warmup", body, timeout=30.0)
             if batch > 1:
-                batches = [[body] * size for size in _split_batches(n, batch)]
+                shares = [
+                    _share_batches(c, batch, body) for c in _split_publishers(n, publishers, batch)
+                ]
+
+                def multipublish(batches: list[list[bytes]]) -> None:
+                    for bodies in batches:
+                        producer.multipublish(topic, bodies)
+
                 window.start()
-                for bodies in batches:
-                    producer.multipublish(topic, bodies)
+                if publishers == 1:
+                    multipublish(shares[0])
+                else:
+                    greenlets = [gevent.spawn(multipublish, share) for share in shares]
+                    gevent.joinall(greenlets, timeout=600.0, raise_error=True)
             elif publishers == 0:
                 window.start()
                 results = [producer.publish(topic, body, raise_error=False) for _ in range(n)]
@@ -444,7 +482,12 @@ def run_threads(spec: dict[str, Any]) -> dict[str, Any]:
     latencies: list[float] = []
 
     def publish(count: int) -> None:
+        batches = _share_batches(count, batch, body) if batch > 1 else []
         go.wait(30.0)
+        if batches:
+            for bodies in batches:
+                request(protocol.mpub(topic, bodies))
+            return
         command = protocol.pub(topic, body)
         if publishers == 1:
             clock = time.perf_counter
@@ -457,12 +500,16 @@ def run_threads(spec: dict[str, Any]) -> dict[str, Any]:
             request(command)
 
     window = common.CpuWindow(spec["broker_pid"])
-    if batch > 1:
+    if batch > 1 and publishers == 1:
+        batches = _share_batches(n, batch, body)
         window.start()
-        for size in _split_batches(n, batch):
-            request(protocol.mpub(topic, [body] * size))
+        for bodies in batches:
+            request(protocol.mpub(topic, bodies))
     else:
-        workers = [threading.Thread(target=publish, args=(c,)) for c in _split(n, publishers)]
+        workers = [
+            threading.Thread(target=publish, args=(c,))
+            for c in _split_publishers(n, publishers, batch)
+        ]
         for t in workers:
             t.start()
         window.start()
@@ -499,6 +546,7 @@ def case_messages(args: argparse.Namespace, case: str) -> int:
         "pub x1": args.messages,
         "pub x8": args.messages,
         "mpub x200": args.mpub_messages,
+        MPUB_PER_CPU: args.mpub_messages,
     }[case]
 
 
@@ -774,16 +822,21 @@ def main(argv: list[str]) -> int:
                 common.target_check(r, 1.0),
             )
         )
-    if "mpub x200" in args.case_list:
-        go = rate("mpub x200", "bench_writer")
-        r = common.ratio(rate("mpub x200", "nsqclient"), go)
-        rp = common.ratio(rate("mpub x200", "nsqclient"), rate("mpub x200", "pynsq"))
+    mpub_labels = {
+        "mpub x200": "MPUB x200, one publisher",
+        MPUB_PER_CPU: f"MPUB x200, {CPUS} publishers (bench_writer's one per CPU)",
+    }
+    for case, label in mpub_labels.items():
+        if case not in args.case_list:
+            continue
+        r = common.ratio(rate(case, "nsqclient"), rate(case, "bench_writer"))
+        rp = common.ratio(rate(case, "nsqclient"), rate(case, "pynsq"))
         rows.append(
             row(
-                "mpub x200",
-                "MPUB x200",
+                case,
+                label,
                 cell,
-                "bench_writer " + cell(get("mpub x200", "bench_writer")),
+                "bench_writer " + cell(get(case, "bench_writer")),
                 f"{common.fmt_x(r)} bench_writer, {common.fmt_x(rp)} pynsq",
                 ">= 0.85x bench_writer",
                 common.target_check(r, 0.85),
