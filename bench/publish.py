@@ -29,9 +29,10 @@ what is possible at all on this machine and broker:
   (``pub x8``: eight commands in flight), with no reader or writer thread and nothing to answer
   heartbeats while idle: the floor under any Python client;
 * ``threads``: nsqclient's threading shape with nothing else: publishers wait on a plain lock
-  each, a reader thread releases them in order, an idle publisher writes the socket itself and a
-  writer thread sends the rest; no timeouts, errors, heartbeats or validation: the floor under a
-  client whose ``pub()`` blocks in the calling thread.
+  each, a reader thread releases them in order, a publisher writes the socket itself when no
+  command waits for the writer thread, which sends the rest; no timeouts, errors, heartbeats,
+  caller-side reading or validation: the floor under a client whose ``pub()`` blocks in the
+  calling thread.
 
 Each client runs in its own subprocess.  The rate is messages acknowledged per second, from the
 first publish to the last OK, with the connection already made; afterwards the parent checks
@@ -464,7 +465,7 @@ def run_threads(spec: dict[str, Any]) -> dict[str, Any]:
         waiter.acquire()
         with state_lock:
             pending.append(waiter)
-            direct = not queued[0] and len(pending) == 1 and send_lock.acquire(False)
+            direct = not queued[0] and send_lock.acquire(False)
             if not direct:
                 queued[0] += 1
                 outbox.put(command)

@@ -307,6 +307,9 @@ class Connection:
         self._lock = threading.Lock()
         # Held by whoever writes the socket: the writer thread or a caller writing directly.
         self._send_lock = threading.Lock()
+        # Requests queued for the writer and not written yet (under _lock): while there are
+        # any, a new request queues behind them, so that answers keep the order of _pending.
+        self._unsent_requests = 0
         self._closed_event = threading.Event()
         self._abort = threading.Event()
         self._sock: socket.socket | None = None
@@ -623,15 +626,20 @@ class Connection:
                 return future
             self._pending.append(future)
             self.messages_sent += messages
-            # The only request in flight: write it here rather than wake the writer.  With
-            # others in flight (written or queued), queue it behind them, so that answers keep
-            # the order of self._pending and the writer batches it with theirs.  It may pass
-            # queued FIN/RDY/NOP, which get no answer and need no order relative to it.
-            direct = len(self._pending) - self._pending_head == 1 and self._send_lock.acquire(
-                blocking=False
+            # Every earlier request written and no one writing: write it here rather than wake
+            # the writer, when the caller is about to block on the answer anyway (a Waiter) or
+            # nothing else is in flight; a caller pipelining futures leaves the writing to the
+            # writer, which joins them.  Otherwise queue it behind the others, so that answers
+            # keep the order of self._pending.  It may pass queued FIN/RDY/NOP, which get no
+            # answer and need no order relative to it.
+            direct = (
+                not self._unsent_requests
+                and (type(future) is Waiter or len(self._pending) - self._pending_head == 1)
+                and self._send_lock.acquire(blocking=False)
             )
             if not direct:
-                self._queue.put(command)
+                self._unsent_requests += 1
+                self._queue.put((command,))
         if direct:
             if self._caller_reads and type(future) is Waiter:
                 # Its caller will wait for this answer: claim the reading before writing, so
@@ -683,6 +691,10 @@ class Connection:
                     continue
                 if item is _STOP:
                     return
+                requests = 0
+                if type(item) is tuple:  # a request (see request())
+                    requests = 1
+                    item = item[0]
                 chunks = [item]
                 size = len(item)
                 # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
@@ -695,10 +707,16 @@ class Connection:
                     if item is _STOP:
                         stop = True
                         break
+                    if type(item) is tuple:
+                        requests += 1
+                        item = item[0]
                     chunks.append(item)
                     size += len(item)
                 with self._send_lock:
                     transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                    if requests:
+                        with self._lock:
+                            self._unsent_requests -= requests
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
 

@@ -140,7 +140,8 @@ def test_a_request_on_an_idle_connection_is_written_by_its_caller(scripted, conn
     assert writers == [threading.current_thread().name] * 3
 
 
-def test_a_request_behind_one_in_flight_goes_to_the_writer(scripted, connect, monkeypatch):
+def test_a_future_behind_one_in_flight_goes_to_the_writer(scripted, connect, monkeypatch):
+    """A caller pipelining futures leaves the writing to the writer thread, which joins them."""
     answer = threading.Event()
 
     def hold_first_answer(sock: socket.socket, peer: ScriptedPeer) -> None:
@@ -156,6 +157,70 @@ def test_a_request_behind_one_in_flight_goes_to_the_writer(scripted, connect, mo
     assert first.result(TIMEOUT) == b"first"
     assert second.result(TIMEOUT) == b"second"
     assert writers == [threading.current_thread().name, f"nsq-writer-{conn.address}"]
+
+
+def test_a_blocking_request_behind_one_written_is_written_by_its_caller(
+    scripted, connect, monkeypatch
+):
+    """A caller about to block on its answer (a Waiter) writes its request itself when every
+    earlier request is on the wire: no writer thread to wake."""
+    answer = threading.Event()
+
+    def hold_first_answer(sock: socket.socket, peer: ScriptedPeer) -> None:
+        assert answer.wait(TIMEOUT)
+        echo(sock, peer)
+
+    peer = scripted(hold_first_answer)
+    conn = connect(peer.address)
+    writers = record_writers(conn, monkeypatch)
+    first = conn.request(protocol.pub("t", b"first"))
+    second = conn.request(protocol.pub("t", b"second"), Waiter())
+    answer.set()
+    assert first.result(TIMEOUT) == b"first"
+    assert second.result(TIMEOUT) == b"second"
+    assert writers == [threading.current_thread().name] * 2
+
+
+def test_a_blocking_request_behind_one_queued_waits_for_the_writer(scripted, connect, monkeypatch):
+    """While a request the writer thread has taken is not written yet, a blocking one queues
+    behind it, even with the socket free (writing it first would swap their answers)."""
+    peer = scripted(echo)
+    conn = connect(peer.address)
+    writers = record_writers(conn, monkeypatch, with_data=True)
+    writer_name = f"nsq-writer-{conn.address}"
+    taken, go_on = threading.Event(), threading.Event()
+    real_lock = conn._send_lock
+
+    class GatedLock:
+        """The send lock, held back from the writer thread's first ``with`` until go_on."""
+
+        def acquire(self, blocking: bool = True) -> bool:
+            return real_lock.acquire(blocking)
+
+        def release(self) -> None:
+            real_lock.release()
+
+        def __enter__(self) -> None:
+            if threading.current_thread().name == writer_name and not taken.is_set():
+                taken.set()
+                assert go_on.wait(TIMEOUT)
+            real_lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            real_lock.release()
+
+    monkeypatch.setattr(conn, "_send_lock", GatedLock())
+    first = conn.request(protocol.pub("t", b"first"), Waiter())  # idle: written here
+    second = conn.request(protocol.pub("t", b"second"))  # a future behind it: the writer's
+    assert taken.wait(TIMEOUT)  # the writer has taken it and waits for the socket
+    third = conn.request(protocol.pub("t", b"third"), Waiter())
+    go_on.set()
+    assert [f.result(TIMEOUT) for f in (first, second, third)] == [b"first", b"second", b"third"]
+    assert writers == [
+        (threading.current_thread().name, protocol.pub("t", b"first")),
+        (writer_name, protocol.pub("t", b"second")),
+        (writer_name, protocol.pub("t", b"third")),
+    ]
 
 
 def test_commands_without_an_answer_always_go_to_the_writer(scripted, connect, monkeypatch):
