@@ -68,6 +68,8 @@ class LookupdPool:
         self._clients: dict[str, LookupdClient] = {}
         self._failures: dict[str, int] = {}
         self._demoted_until: dict[str, float] = {}
+        #: the last error answer of each lookupd to lookup_each, logged once while it repeats
+        self._refusals: dict[str, str] = {}
         #: False once a lookupd answered /listlookup with "not supported" (classic nsqlookupd)
         self._listlookup_supported = True
         for address in addresses:
@@ -158,11 +160,35 @@ class LookupdPool:
                 self.succeeded(client)
                 results.append((client.base_url, {"channels": [], "producers": []}))
                 continue
+            except HTTPError as exc:
+                if _is_answer(exc):
+                    # It works and refused the request (as first() sees it): not an outage.
+                    self.succeeded(client)
+                    self._log_refusal(client.base_url, topic, exc)
+                else:
+                    self.failed(client, exc)
+                continue
             except (NSQError, ValueError, TypeError) as exc:
                 self.failed(client, exc)
                 continue
             self.succeeded(client)
+            if self._refusals:
+                with self._lock:
+                    self._refusals.pop(client.base_url, None)
         return results
+
+    def _log_refusal(self, base_url: str, topic: str, exc: HTTPError) -> None:
+        """A lookupd's error answer: WARNING the first time, DEBUG while it repeats it."""
+        with self._lock:
+            repeated = self._refusals.get(base_url) == exc.message
+            self._refusals[base_url] = exc.message
+        logger.log(
+            logging.DEBUG if repeated else logging.WARNING,
+            "lookupd %s refused the lookup of %r: %s",
+            base_url,
+            topic,
+            exc,
+        )
 
     def first(self, ask: Callable[[LookupdClient], T]) -> T:
         """``ask(client)`` of the healthiest lookupd that answers.

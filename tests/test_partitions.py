@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from nsqclient.errors import HTTPError
 from nsqclient.lookup import DEMOTE_AFTER, MAX_DEMOTION, LookupdPool, demotion_delay
 from nsqclient.partitions import TopicRoute, key_bytes, key_partition, murmur3_32, route_from_lookup
 
@@ -161,3 +164,32 @@ def test_a_lookupd_is_not_demoted_while_it_is_the_only_one_left():
 def test_the_same_lookupd_twice_is_one_member():
     pool = LookupdPool(["127.0.0.1:4161", "http://127.0.0.1:4161"], 1.0)
     assert len(pool) == 1
+
+
+def test_a_lookupd_refusing_the_consumers_lookup_is_not_demoted(monkeypatch, caplog):
+    """lookup_each (the consumers' poll) treats a lookupd's 4xx answer as first() does: it is
+    up and said no, so it is not an outage; it is logged at WARNING once while it repeats."""
+    pool = LookupdPool(["127.0.0.1:1", "127.0.0.1:2"], 1.0, Clock())
+    a, b = pool.candidates()
+    refusal = HTTPError(400, "INVALID_ARG_TOPIC", a.base_url + "/lookup")
+    monkeypatch.setattr(a, "lookup", lambda *args: (_ for _ in ()).throw(refusal))
+    answer = {"channels": [], "producers": [{"broadcast_address": "h", "tcp_port": 4150}]}
+    monkeypatch.setattr(b, "lookup", lambda *args: answer)
+    with caplog.at_level(logging.DEBUG, logger="nsqclient.lookup"):
+        for _ in range(DEMOTE_AFTER + 2):
+            assert pool.lookup_each("t") == [(b.base_url, answer)]
+    assert pool.candidates() == [a, b]
+    refused = [r for r in caplog.records if "refused the lookup" in r.getMessage()]
+    assert [r.levelno for r in refused] == [logging.WARNING] + [logging.DEBUG] * (DEMOTE_AFTER + 1)
+    assert "INVALID_ARG_TOPIC" in refused[0].getMessage()
+
+
+def test_a_lookupd_that_does_not_answer_the_consumers_lookup_is_demoted(monkeypatch):
+    pool = LookupdPool(["127.0.0.1:1", "127.0.0.1:2"], 1.0, Clock())
+    a, b = pool.candidates()
+    down = HTTPError(0, "connection refused", a.base_url + "/lookup")
+    monkeypatch.setattr(a, "lookup", lambda *args: (_ for _ in ()).throw(down))
+    monkeypatch.setattr(b, "lookup", lambda *args: {"channels": [], "producers": []})
+    for _ in range(DEMOTE_AFTER):
+        pool.lookup_each("t")
+    assert pool.candidates() == [b]
