@@ -27,7 +27,8 @@ what is possible at all on this machine and broker:
 
 * ``socket``: one thread on a plain blocking socket, sending commands and reading answers itself
   (``pub x8``: eight commands in flight), with no reader or writer thread and nothing to answer
-  heartbeats while idle: the floor under any Python client;
+  heartbeats while idle: the floor under any Python client (MPUB: each batch encoded as it is
+  sent, with nsqclient's encoder, since a client is handed bodies, not a command);
 * ``threads``: nsqclient's threading shape with nothing else: publishers wait on a plain lock
   each, a reader thread releases them in order, a publisher writes the socket itself when no
   command waits for the writer thread, which sends the rest; no timeouts, errors, heartbeats,
@@ -363,10 +364,18 @@ def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
     topic, n, window_size, batch = spec["topic"], spec["n"], spec["publishers"], spec["batch"]
     if window_size == 0:  # pipelined: many commands in flight
         window_size = SOCKET_PIPELINE_WINDOW
+    # MPUB batches are encoded as they are sent (a client is handed bodies, not a command)
+    items: list[Any]
     if batch > 1:
-        commands = [protocol.mpub(topic, [body] * size) for size in _split_batches(n, batch)]
+        items = _share_batches(n, batch, body)
     else:
-        commands = [protocol.pub(topic, body)] * n
+        items = [protocol.pub(topic, body)] * n
+
+    def encoded(chunk: list[Any]) -> bytes:
+        if batch > 1:
+            return b"".join([protocol.mpub(topic, bodies) for bodies in chunk])
+        return b"".join(chunk)
+
     sock = socket.create_connection((host, int(port)), timeout=30.0)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     frames = protocol.FrameReader()
@@ -395,7 +404,7 @@ def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
     if window_size == 1 and batch == 1:  # one at a time: keep every latency
         latencies = []
         clock = time.perf_counter
-        command = commands[0]
+        command = items[0]
         window.start()
         for _ in range(n):
             t0 = clock()
@@ -406,14 +415,14 @@ def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
         sock.close()
         return {**window.as_dict(), "published": n, **common.latency_summary(latencies)}
     window.start()
-    sent = min(window_size, len(commands))
-    sock.sendall(b"".join(commands[:sent]))
-    while acked < len(commands):
+    sent = min(window_size, len(items))
+    sock.sendall(encoded(items[:sent]))
+    while acked < len(items):
         got = len(answers())
         acked += got
-        more = commands[sent : sent + got]
+        more = items[sent : sent + got]
         if more:
-            sock.sendall(b"".join(more))
+            sock.sendall(encoded(more))
             sent += len(more)
     window.stop()
     sock.close()
