@@ -663,6 +663,24 @@ class Connection:
         with self._lock:
             return self._pending[self._pending_head :]
 
+    def _answer_oks(self, count: int) -> None:
+        """``count`` OK responses at once: the oldest ``count`` pending requests get ``b"OK"``
+        (one lock round for all, where :meth:`_dispatch` takes one each)."""
+        with self._lock:
+            head = self._pending_head
+            futures = self._pending[head : head + count]
+            self._pending_head = head = head + len(futures)
+            if head > 1024 and head * 2 > len(self._pending):
+                del self._pending[:head]
+                self._pending_head = 0
+        ok = protocol.OK
+        for future in futures:
+            if not future.done():
+                future.set_result(ok)
+        if len(futures) < count:
+            extra = count - len(futures)
+            logger.warning("unexpected response from %s: %r x %d", self.address, ok, extra)
+
     def _pop_pending(self) -> Future | Waiter | None:
         with self._lock:
             if self._pending_head >= len(self._pending):
@@ -855,6 +873,10 @@ class Connection:
 
     def _process(self, data: bytes) -> None:
         """Handle one read's bytes: responses and errors in order, messages all together."""
+        oks = self._frames.ok_frames(data)
+        if oks:
+            self._answer_oks(oks)
+            return
         messages = []
         message_type = protocol.FRAME_TYPE_MESSAGE
         for frame in self._frames.feed(data):

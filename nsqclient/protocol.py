@@ -79,6 +79,8 @@ _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">Ii")  # size, frame type
+#: one whole ``OK`` response frame, as nsqd sends it
+OK_FRAME = _FRAME_HEAD.pack(4 + len(OK), FRAME_TYPE_RESPONSE) + OK
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 _MSG_HEADER = struct.Struct(">qH16s")  # timestamp ns, attempts, id
 _MSG_HEADER_SIZE = _MSG_HEADER.size  # 26
@@ -455,6 +457,15 @@ class FrameReader:
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame."""
         return len(self._buf)
+
+    def ok_frames(self, data: bytes) -> int:
+        """How many ``OK`` responses ``data`` is, when it is nothing but whole ``OK`` frames
+        and no earlier bytes wait to be completed (a publisher's usual read); 0 otherwise, and
+        then :meth:`feed` it.  Counted data needs no :meth:`feed`."""
+        if self._buf or self._error is not None or not data.startswith(OK_FRAME):
+            return 0
+        count = data.count(OK_FRAME)  # non-overlapping: they tile data exactly when
+        return count if count * len(OK_FRAME) == len(data) else 0
 
     def feed(self, data: bytes) -> list[Frame]:
         """Add bytes; return every frame they complete, in order."""

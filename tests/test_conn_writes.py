@@ -8,6 +8,7 @@ tests at the end run against the broker fixture.
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
@@ -263,6 +264,35 @@ def test_concurrent_callers_each_get_their_own_answer(scripted, connect):
 
     run_together(work, 16, "test-req")
     assert not wrong, wrong[:5]
+    assert conn.pending_count() == 0
+
+
+def test_oks_in_one_read_answer_the_oldest_requests_in_order(scripted, connect, caplog):
+    """A read of nothing but OK frames (a publisher's usual read) answers as many pending
+    requests, oldest first; the request behind them still gets its own answer."""
+    got_all = threading.Event()
+
+    def answer_in_bulk(sock: socket.socket, peer: ScriptedPeer) -> None:
+        reader = sock.makefile("rb")
+        for _ in range(51):
+            assert reader.readline().startswith(b"PUB ")
+            reader.read(struct.unpack(">l", reader.read(4))[0])
+        got_all.set()
+        # 50 OKs in one write, then an error for the 51st, then one OK nobody asked for
+        sock.sendall(protocol.OK_FRAME * 50)
+        sock.sendall(frame(b"E_PUB_FAILED full", protocol.FRAME_TYPE_ERROR))
+        sock.sendall(protocol.OK_FRAME)
+        peer.release.wait(TIMEOUT)
+
+    peer = scripted(answer_in_bulk)
+    conn = connect(peer.address)
+    futures = [conn.request(protocol.pub("t", b"%d" % i)) for i in range(51)]
+    assert got_all.wait(TIMEOUT)
+    with caplog.at_level(logging.WARNING, logger="nsqclient.conn"):
+        assert [f.result(TIMEOUT) for f in futures[:50]] == [b"OK"] * 50
+        assert "E_PUB_FAILED" in str(futures[50].exception(TIMEOUT))
+        # the extra OK may come in the error's read or in one of its own
+        wait_for(lambda: "unexpected response from" in caplog.text, TIMEOUT)
     assert conn.pending_count() == 0
 
 

@@ -906,3 +906,66 @@ def test_mpub_matches_a_plain_encoder(seed):
 def test_mpub_refuses_an_empty_body_among_plain_ones():
     with pytest.raises(ValueError, match="empty"):
         protocol.mpub("t", [b"a", b"", b"c"])
+
+
+# ------------------------------------------------------------------------------------------------
+# FrameReader.ok_frames: a publisher's read of nothing but OK answers
+
+
+def _frame(data: bytes, frame_type: int = protocol.FRAME_TYPE_RESPONSE) -> bytes:
+    return struct.pack(">ll", len(data) + 4, frame_type) + data
+
+
+def test_ok_frames_counts_a_read_of_whole_ok_frames_only() -> None:
+    reader = FrameReader()
+    ok = protocol.OK_FRAME
+    assert ok == _frame(b"OK")
+    assert reader.ok_frames(ok) == 1
+    assert reader.ok_frames(ok * 300) == 300
+    assert reader.ok_frames(ok * 2 + ok[:5]) == 0  # ends inside a frame: feed() it
+    assert reader.ok_frames(ok + _frame(protocol.HEARTBEAT)) == 0
+    assert reader.ok_frames(_frame(b"OKAY")) == 0
+    assert reader.ok_frames(_frame(b"E_INVALID x", protocol.FRAME_TYPE_ERROR) + ok) == 0
+    assert reader.ok_frames(b"") == 0
+
+
+def test_ok_frames_is_zero_while_a_frame_is_incomplete() -> None:
+    reader = FrameReader()
+    ok = protocol.OK_FRAME
+    assert reader.feed(ok[:3]) == []
+    assert reader.ok_frames(ok * 2) == 0  # these bytes complete the frame begun earlier
+    assert [f.data for f in reader.feed(ok[3:] + ok)] == [b"OK", b"OK"]
+    assert reader.ok_frames(ok) == 1
+
+
+frame_st = st.sampled_from(
+    [
+        protocol.OK_FRAME,
+        _frame(protocol.HEARTBEAT),
+        _frame(b"CLOSE_WAIT"),
+        _frame(b"E_PUB_FAILED nope", protocol.FRAME_TYPE_ERROR),
+        _frame(protocol.encode_message(1, 1, b"0" * 16, b"OK" * 5), protocol.FRAME_TYPE_MESSAGE),
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(frames=st.lists(frame_st, max_size=30), cuts=st.lists(st.integers(0, 400), max_size=6))
+def test_ok_frames_then_feed_reads_what_feed_alone_reads(
+    frames: list[bytes], cuts: list[int]
+) -> None:
+    """A reader that counts OK-only reads and feeds the rest sees the same answers, in the
+    same order, as one that feeds everything, however the stream is cut into reads."""
+    stream = b"".join(frames)
+    points = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    reads = [stream[a:b] for a, b in zip(points, points[1:], strict=False)]
+    plain, fast = FrameReader(), FrameReader()
+    expected = [tuple(f) for r in reads for f in plain.feed(r)]
+    got: list[tuple[int, bytes]] = []
+    for r in reads:
+        oks = fast.ok_frames(r)
+        if oks:
+            got.extend([(protocol.FRAME_TYPE_RESPONSE, protocol.OK)] * oks)
+        else:
+            got.extend(tuple(f) for f in fast.feed(r))
+    assert got == expected
