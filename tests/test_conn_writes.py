@@ -141,8 +141,11 @@ def test_a_request_on_an_idle_connection_is_written_by_its_caller(scripted, conn
     assert writers == [threading.current_thread().name] * 3
 
 
-def test_a_future_behind_one_in_flight_goes_to_the_writer(scripted, connect, monkeypatch):
-    """A caller pipelining futures leaves the writing to the writer thread, which joins them."""
+@pytest.mark.parametrize("blocking", [False, True], ids=["future", "waiter"])
+def test_who_writes_a_request_behind_one_in_flight(scripted, connect, monkeypatch, blocking):
+    """Behind a request written and not answered yet: a caller pipelining futures leaves the
+    writing to the writer thread, which joins them; a caller about to block on its answer (a
+    Waiter) writes its request itself, as every earlier one is on the wire."""
     answer = threading.Event()
 
     def hold_first_answer(sock: socket.socket, peer: ScriptedPeer) -> None:
@@ -153,33 +156,12 @@ def test_a_future_behind_one_in_flight_goes_to_the_writer(scripted, connect, mon
     conn = connect(peer.address)
     writers = record_writers(conn, monkeypatch)
     first = conn.request(protocol.pub("t", b"first"))
-    second = conn.request(protocol.pub("t", b"second"))
+    second = conn.request(protocol.pub("t", b"second"), Waiter() if blocking else None)
     answer.set()
     assert first.result(TIMEOUT) == b"first"
     assert second.result(TIMEOUT) == b"second"
-    assert writers == [threading.current_thread().name, f"nsq-writer-{conn.address}"]
-
-
-def test_a_blocking_request_behind_one_written_is_written_by_its_caller(
-    scripted, connect, monkeypatch
-):
-    """A caller about to block on its answer (a Waiter) writes its request itself when every
-    earlier request is on the wire: no writer thread to wake."""
-    answer = threading.Event()
-
-    def hold_first_answer(sock: socket.socket, peer: ScriptedPeer) -> None:
-        assert answer.wait(TIMEOUT)
-        echo(sock, peer)
-
-    peer = scripted(hold_first_answer)
-    conn = connect(peer.address)
-    writers = record_writers(conn, monkeypatch)
-    first = conn.request(protocol.pub("t", b"first"))
-    second = conn.request(protocol.pub("t", b"second"), Waiter())
-    answer.set()
-    assert first.result(TIMEOUT) == b"first"
-    assert second.result(TIMEOUT) == b"second"
-    assert writers == [threading.current_thread().name] * 2
+    here = threading.current_thread().name
+    assert writers == [here, here if blocking else f"nsq-writer-{conn.address}"]
 
 
 def test_a_blocking_request_behind_one_queued_waits_for_the_writer(scripted, connect, monkeypatch):
