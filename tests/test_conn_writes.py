@@ -167,7 +167,13 @@ def test_who_writes_a_request_behind_one_in_flight(scripted, connect, monkeypatc
 def test_a_blocking_request_behind_one_queued_waits_for_the_writer(scripted, connect, monkeypatch):
     """While a request the writer thread has taken is not written yet, a blocking one queues
     behind it, even with the socket free (writing it first would swap their answers)."""
-    peer = scripted(echo)
+    answer = threading.Event()
+
+    def hold_answers(sock: socket.socket, peer: ScriptedPeer) -> None:
+        assert answer.wait(TIMEOUT)  # the first request stays in flight until then
+        echo(sock, peer)
+
+    peer = scripted(hold_answers)
     conn = connect(peer.address)
     writers = record_writers(conn, monkeypatch, with_data=True)
     writer_name = f"nsq-writer-{conn.address}"
@@ -198,6 +204,7 @@ def test_a_blocking_request_behind_one_queued_waits_for_the_writer(scripted, con
     assert taken.wait(TIMEOUT)  # the writer has taken it and waits for the socket
     third = conn.request(protocol.pub("t", b"third"), Waiter())
     go_on.set()
+    answer.set()
     assert [f.result(TIMEOUT) for f in (first, second, third)] == [b"first", b"second", b"third"]
     assert writers == [
         (threading.current_thread().name, protocol.pub("t", b"first")),
