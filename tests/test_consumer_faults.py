@@ -448,6 +448,9 @@ def test_malformed_frame_closes_and_reconnects(nsqd, consumers, raw):
     first = [b"x%d" % i for i in range(5)]
     publish(node, "f_garbled", first)
     wait_for(lambda: seen.has_all(first), TIMEOUT)
+    # every FIN in: one still queued when the connection breaks would leave its message in
+    # flight on nsqd until msg_timeout (as real nsqd does), and the channel would not drain
+    wait_drained(node, "f_garbled", "ch")
     [old] = consumer.connections()
 
     nsqd.inject_frame(0, raw)
