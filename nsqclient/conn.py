@@ -669,10 +669,8 @@ class Connection:
         with self._lock:
             head = self._pending_head
             futures = self._pending[head : head + count]
-            self._pending_head = head = head + len(futures)
-            if head > 1024 and head * 2 > len(self._pending):
-                del self._pending[:head]
-                self._pending_head = 0
+            self._pending_head = head + len(futures)
+            self._drop_answered()
         ok = protocol.OK
         for future in futures:
             if not future.done():
@@ -687,10 +685,16 @@ class Connection:
                 return None
             future = self._pending[self._pending_head]
             self._pending_head += 1
-            if self._pending_head > 1024 and self._pending_head * 2 > len(self._pending):
-                del self._pending[: self._pending_head]
-                self._pending_head = 0
+            self._drop_answered()
             return future
+
+    def _drop_answered(self) -> None:
+        """Cut the answered requests off the front of ``_pending`` once they are over 1024
+        and most of the list (``_lock`` held)."""
+        head = self._pending_head
+        if head > 1024 and head * 2 > len(self._pending):
+            del self._pending[:head]
+            self._pending_head = 0
 
     # ---------------------------------------------------------------- threads
 
@@ -709,15 +713,18 @@ class Connection:
                     continue
                 if item is _STOP:
                     return
-                requests = 0
-                if type(item) is tuple:  # a request (see request())
-                    requests = 1
-                    item = item[0]
-                chunks = [item]
-                size = len(item)
+                chunks = []
+                size = requests = 0
                 # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
                 # glibc keep freed megabytes around (its mmap threshold grows with them).
-                while size < _WRITE_SIZE:
+                while True:
+                    if type(item) is tuple:  # a request (see request())
+                        requests += 1
+                        item = item[0]
+                    chunks.append(item)
+                    size += len(item)
+                    if size >= _WRITE_SIZE:
+                        break
                     try:
                         item = q.get_nowait()
                     except queue.Empty:
@@ -725,11 +732,6 @@ class Connection:
                     if item is _STOP:
                         stop = True
                         break
-                    if type(item) is tuple:
-                        requests += 1
-                        item = item[0]
-                    chunks.append(item)
-                    size += len(item)
                 with self._send_lock:
                     transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
                     if requests:
