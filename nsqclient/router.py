@@ -72,10 +72,9 @@ class Router:
                 return cached[0]
             try:
                 route = self._fetch(topic)
-            except BaseException:
+                self._keep(topic, route)
+            finally:
                 self._forget_fetch_locks()
-                raise
-            self._keep(topic, route)
             return route
 
     def invalidate(self, topic: str) -> None:
@@ -95,7 +94,6 @@ class Router:
             self._routes[topic] = (route, self._clock())
             while len(self._routes) > self.max_topics:
                 del self._routes[next(iter(self._routes))]
-        self._forget_fetch_locks()
 
     def _forget_fetch_locks(self) -> None:
         """Drop the fetch locks of topics without a kept route that no thread holds (topics
