@@ -267,7 +267,6 @@ class Producer:
             self._publish(self._pub_command(topic, body), timeout)
             return None
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
-        self._check_ext(topic, ext)
         return self._publish_routed(topic, build, traced, timeout, partition, key)
 
     def mpub(
@@ -287,7 +286,6 @@ class Producer:
             self._publish(protocol.mpub(topic, bodies), timeout)
             return None
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
-        self._check_ext(topic, ext)
         return self._publish_routed(topic, build, traced, timeout, partition, key)
 
     def dpub(
@@ -319,7 +317,6 @@ class Producer:
         if self._classic(partition, key, trace_id, ext):
             return self._submit(self._pub_command(topic, body), None, RequestFuture)
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
-        self._check_ext(topic, ext)
         return self._submit_routed(topic, build, traced, partition, key)
 
     def mpub_async(
@@ -336,7 +333,6 @@ class Producer:
         if self._classic(partition, key, trace_id, ext):
             return self._submit(protocol.mpub(topic, bodies), None, RequestFuture)
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
-        self._check_ext(topic, ext)
         return self._submit_routed(topic, build, traced, partition, key)
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
@@ -587,8 +583,8 @@ class Producer:
         trace_id: int | None,
         ext: dict[str, Any] | None,
     ) -> tuple[_Build, bool]:
-        """The command builder of one PUB-like publish (checked here, before any I/O), and
-        whether it is traced."""
+        """The command builder of one PUB-like publish, and whether it is traced.  The command
+        is checked here, then ext headers against the topic's route (a lookup, when not cached)."""
         traced = trace_id is not None or self._tracing
         build: _Build
         if ext is not None:
@@ -609,6 +605,7 @@ class Producer:
                 return protocol.pub(topic, body, p)
 
         build(partition)  # bad topic, body, partition or ext raise here
+        self._check_ext(topic, ext)
         return build, traced
 
     def _mpub_builder(
@@ -648,6 +645,7 @@ class Producer:
                 return protocol.mpub(topic, items, p)
 
         build(partition)
+        self._check_ext(topic, ext)
         return build, traced
 
     def _check_ext(self, topic: str, ext: dict[str, Any] | None) -> None:
