@@ -229,13 +229,12 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
     writer = nsq.Writer([spec["tcp"]])
     state: dict[str, Any] = {"sent": 0, "acked": 0, "error": None}
     window = common.CpuWindow(spec["broker_pid"])
-    sizes = _split_batches(n, batch) if batch > 1 else None
     if chains == 0:  # pipelined: every publish sent from one IOLoop callback
         chains = n
     latencies: list[float] = []
     sent_at = [0.0]
     clock = time.perf_counter
-    batches = [[body] * size for size in sizes] if sizes else None
+    batches = _share_batches(n, batch, body) if batch > 1 else None
 
     def finish(error: str | None = None) -> None:
         window.stop()
