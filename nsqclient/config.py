@@ -15,7 +15,7 @@ from typing import Any
 
 from .checks import check_float, check_int
 
-__all__ = ["Option", "OPTIONS", "Config"]
+__all__ = ["Option", "OPTIONS", "Config", "check_owner"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class Option:
     special: tuple[Any, ...] = ()
     #: a float option that accepts infinity (a cap that may be "none"); NaN is never accepted
     infinite: bool = False
+    #: the one class that takes it ("Consumer" or "Producer"); None: both do
+    owner: str | None = None
 
     @property
     def unit(self) -> str | None:
@@ -204,11 +206,28 @@ OPTIONS: dict[str, Option] = {
             " E_TOPIC_NOT_EXIST is retried after a fresh lookup (waits 0.1 s, doubling)",
             0,
             100,
+            owner="Producer",
         ),
         # --- consumer
-        Option("max_in_flight", 1, int, "messages in flight across all connections", 0, None),
-        Option("concurrency", 1, int, "handler worker threads", 1, 4096),
-        Option("max_tries", 5, int, "attempts after which giving_up runs; 0 = never", 0, 65535),
+        Option(
+            "max_in_flight",
+            1,
+            int,
+            "messages in flight across all connections",
+            0,
+            None,
+            owner="Consumer",
+        ),
+        Option("concurrency", 1, int, "handler worker threads", 1, 4096, owner="Consumer"),
+        Option(
+            "max_tries",
+            5,
+            int,
+            "attempts after which giving_up runs; 0 = never",
+            0,
+            65535,
+            owner="Consumer",
+        ),
         Option(
             "default_requeue_delay",
             90.0,
@@ -216,6 +235,7 @@ OPTIONS: dict[str, Option] = {
             "seconds; REQ delay is this x attempts, capped by max_requeue_delay",
             0,
             None,
+            owner="Consumer",
         ),
         Option(
             "max_requeue_delay",
@@ -225,6 +245,7 @@ OPTIONS: dict[str, Option] = {
             0,
             None,
             infinite=True,
+            owner="Consumer",
         ),
         Option(
             "max_backoff_duration",
@@ -233,9 +254,16 @@ OPTIONS: dict[str, Option] = {
             "seconds, cap on a backoff pause; 0 disables backoff",
             0,
             None,
+            owner="Consumer",
         ),
         Option(
-            "backoff_multiplier", 1.0, float, "seconds, base of the backoff duration", 0.0, None
+            "backoff_multiplier",
+            1.0,
+            float,
+            "seconds, base of the backoff duration",
+            0.0,
+            None,
+            owner="Consumer",
         ),
         Option(
             "backoff_strategy",
@@ -243,9 +271,18 @@ OPTIONS: dict[str, Option] = {
             str,
             "how backoff grows with failures",
             choices=("exponential", "full_jitter"),
+            owner="Consumer",
         ),
         Option("lookupd_poll_interval", 60.0, float, "seconds between lookupd queries", 0.01, None),
-        Option("lookupd_poll_jitter", 0.3, float, "fraction of the interval added at random", 0, 1),
+        Option(
+            "lookupd_poll_jitter",
+            0.3,
+            float,
+            "fraction of the interval added at random",
+            0,
+            1,
+            owner="Consumer",
+        ),
         Option(
             "lookupd_request_timeout", 2.0, float, "seconds per lookupd HTTP request", 0.01, None
         ),
@@ -256,6 +293,7 @@ OPTIONS: dict[str, Option] = {
             "seconds without a message before a connection's RDY may be moved elsewhere",
             0.01,
             None,
+            owner="Consumer",
         ),
         Option(
             "low_rdy_timeout",
@@ -264,6 +302,7 @@ OPTIONS: dict[str, Option] = {
             "seconds a connection may hold RDY while max_in_flight < connections",
             0.01,
             None,
+            owner="Consumer",
         ),
         Option(
             "rdy_redistribute_interval",
@@ -272,6 +311,7 @@ OPTIONS: dict[str, Option] = {
             "seconds between RDY redistributions when max_in_flight < connections",
             0.01,
             None,
+            owner="Consumer",
         ),
         Option(
             "reconnect_interval",
@@ -298,6 +338,7 @@ OPTIONS: dict[str, Option] = {
             "seconds pub()/mpub()/dpub() wait for nsqd's answer",
             0.001,
             None,
+            owner="Producer",
         ),
         Option(
             "pub_retries",
@@ -307,6 +348,7 @@ OPTIONS: dict[str, Option] = {
             " >0 may store duplicates",
             0,
             100,
+            owner="Producer",
         ),
         Option(
             "exit_flush_timeout",
@@ -316,6 +358,7 @@ OPTIONS: dict[str, Option] = {
             " it accepted, before it logs how many it could not deliver",
             0.0,
             None,
+            owner="Producer",
         ),
     ]
 }
@@ -382,6 +425,15 @@ def check_pairs(values: Mapping[str, Any]) -> None:
                 f" ({heartbeat:g} s{default}): an idle connection gets nothing but heartbeats"
                 " and would be declared dead between two of them"
             )
+
+
+def check_owner(options: Mapping[str, Any], cls: str) -> None:
+    """TypeError naming the first of ``options`` that only the other class takes, for the
+    class named ``cls`` ("Consumer" or "Producer"); unknown names are left to :class:`Config`."""
+    for name in options:
+        opt = OPTIONS.get(name)
+        if opt is not None and opt.owner is not None and opt.owner != cls:
+            raise TypeError(f"{name} is a {opt.owner} option ({opt.doc}); {cls} does not take it")
 
 
 class Config:

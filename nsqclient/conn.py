@@ -291,6 +291,8 @@ class Connection:
         #: RDY last sent and messages in flight on this connection (kept by the consumer)
         self.rdy = 0
         self.in_flight = 0
+        #: of those in flight, how many wait for a handler worker (kept by the consumer)
+        self.queued = 0
         self.last_message_at = 0.0
         self.last_rdy_at = 0.0
         self.close_reason: BaseException | None = None
@@ -1027,15 +1029,16 @@ class Connection:
 
     def stats(self) -> dict[str, Any]:
         """This connection's figures: ``address``, ``state``, ``rdy``, ``in_flight``,
-        ``messages_received``, ``messages_sent``, ``pending_requests``, ``bytes_in``,
-        ``bytes_out`` (raw socket bytes), ``tls`` (version or None), ``compression`` and
-        ``max_rdy_count``."""
+        ``queued`` (of those in flight, how many wait for a handler), ``messages_received``,
+        ``messages_sent``, ``pending_requests``, ``bytes_in``, ``bytes_out`` (raw socket bytes),
+        ``tls`` (version or None), ``compression`` and ``max_rdy_count``."""
         t = self._transport
         return {
             "address": self.address,
             "state": self.state.value,
             "rdy": self.rdy,
             "in_flight": self.in_flight,
+            "queued": self.queued,
             "messages_received": self.messages_received,
             "messages_sent": self.messages_sent,
             "pending_requests": self.pending_count(),

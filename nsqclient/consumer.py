@@ -31,7 +31,7 @@ from typing import Any
 from . import protocol
 from .backoff import BackoffMode, BackoffState, reconnect_delay
 from .checks import check_int
-from .config import Config
+from .config import Config, check_owner
 from .conn import Connection, parse_address
 from .errors import (
     NSQError,
@@ -184,6 +184,7 @@ class Consumer:
         if not callable(handler):
             raise TypeError(f"handler must be callable, not {type(handler).__name__}")
         self.handler = handler
+        check_owner(options, "Consumer")
         self.config = Config(**options)
         if isinstance(nsqd_tcp_addresses, str):
             nsqd_tcp_addresses = [nsqd_tcp_addresses]
@@ -453,10 +454,12 @@ class Consumer:
 
     def _requeue_unstarted(self) -> None:
         while True:
-            try:
-                message = self._work.popleft()
-            except IndexError:
-                return
+            with self._work_cond:
+                try:
+                    message = self._work.popleft()
+                except IndexError:
+                    return
+                message._conn.queued -= 1  # type: ignore[union-attr]
             if not message.has_responded():
                 message.requeue(delay=0, backoff=False)
 
@@ -503,8 +506,10 @@ class Consumer:
         self._rdy_wake.set()
 
     def is_starved(self) -> bool:
-        """True when some connection has 85% or more of its RDY in flight: a batching handler
-        holding messages (``enable_async``) should process its batch now."""
+        """True when, on some connection, the messages handlers hold (received, given to a
+        handler and not yet answered) amount to 85% or more of its RDY: nsqd will soon send
+        nothing more, so a batching handler holding messages (``enable_async``) should process
+        its batch now.  Messages still waiting for a handler worker do not count."""
         with self._lock:
             return is_starved(self._views(time.monotonic()))
 
@@ -760,10 +765,13 @@ class Consumer:
                 if info.first_message:
                     info.first_message = False
                     self._rdy_wake.set()
-        with self._work_cond:
-            self._work.extend(messages)
-            if self._idle_workers:
-                self._work_cond.notify(min(n, self._idle_workers))
+            # Under both locks, so that is_starved() never counts these as held by handlers
+            # (lock order: _lock, then _work_cond; workers take _work_cond alone).
+            with self._work_cond:
+                conn.queued += n
+                self._work.extend(messages)
+                if self._idle_workers:
+                    self._work_cond.notify(min(n, self._idle_workers))
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:
         counters = _ANSWER_FAILED.get(error.code)
@@ -801,6 +809,7 @@ class Consumer:
                 rdy=i.conn.rdy,
                 max_rdy_count=i.conn.max_rdy_count,
                 in_flight=i.conn.in_flight,
+                queued=i.conn.queued,
                 last_message_at=None if i.first_message else i.conn.last_message_at,
                 rdy_since=i.rdy_since,
                 waiting_since=i.waiting_since,
@@ -874,19 +883,17 @@ class Consumer:
         work = self._work
         cond = self._work_cond
         while True:
-            try:
+            with cond:
+                while not work:
+                    if self._workers_exit:
+                        return
+                    self._idle_workers += 1
+                    try:
+                        cond.wait()
+                    finally:
+                        self._idle_workers -= 1
                 message = work.popleft()
-            except IndexError:
-                with cond:
-                    while not work:
-                        if self._workers_exit:
-                            return
-                        self._idle_workers += 1
-                        try:
-                            cond.wait()
-                        finally:
-                            self._idle_workers -= 1
-                continue
+                message._conn.queued -= 1  # type: ignore[union-attr]
             busy[index] = True
             current[index] = message
             try:

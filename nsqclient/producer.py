@@ -34,7 +34,7 @@ from typing import Any
 from . import protocol
 from .backoff import reconnect_delay
 from .checks import check_float, check_int
-from .config import Config
+from .config import Config, check_owner
 from .conn import AnyFuture, Connection, RequestFuture, Waiter, parse_address
 from .errors import (
     ConnectionClosedError,
@@ -192,6 +192,7 @@ class Producer:
         lookupds = list(lookupd_http_addresses or [])
         if not addresses and not lookupds:
             raise ValueError("Producer needs nsqd_tcp_addresses or lookupd_http_addresses")
+        check_owner(options, "Producer")
         self.config = Config(**options)
         self._slots = [_Slot(a) for a in addresses]
         #: every slot by address: the given ones and those lookup named

@@ -36,6 +36,7 @@ class ConnView:
         rdy: the RDY last sent.
         max_rdy_count: the nsqd's limit from IDENTIFY.
         in_flight: messages received and not yet answered.
+        queued: of those, messages still waiting for a handler (not yet seen by user code).
         last_message_at: clock time of the last message received (None: never).
         rdy_since: clock time the current non-zero RDY was granted (None while RDY is 0).
         waiting_since: clock time RDY last went to 0, or the connection was made.
@@ -45,6 +46,7 @@ class ConnView:
     rdy: int = 0
     max_rdy_count: int = 2500
     in_flight: int = 0
+    queued: int = 0
     last_message_at: float | None = None
     rdy_since: float | None = None
     waiting_since: float = 0.0
@@ -126,6 +128,15 @@ def needs_refill(remaining: int, last_rdy: int) -> bool:
 
 
 def is_starved(conns: Sequence[ConnView]) -> bool:
-    """The guide's rule: some connection has messages in flight amounting to 85% or more of its
-    last RDY, so a batching handler should process what it holds now."""
-    return any(c.in_flight > 0 and c.in_flight >= 0.85 * c.rdy for c in conns)
+    """The guide's rule: on some connection, the messages handlers hold (in flight and no longer
+    queued for a handler) amount to 85% or more of its last RDY, so nsqd will soon send nothing
+    more and a batching handler should process what it holds now.
+
+    Messages still waiting in the consumer's queue are not counted: they are not in anyone's
+    batch, and they flow to the handlers without nsqd sending anything (pynsq counts a message
+    in flight only when its handler gets it, for the same reason)."""
+    for c in conns:
+        held = c.in_flight - c.queued
+        if held > 0 and held >= 0.85 * c.rdy:
+            return True
+    return False

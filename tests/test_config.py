@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
+import nsqclient
 from nsqclient import config as config_module
 from nsqclient.checks import NotANumberError, check_float, check_int, is_int, is_number
-from nsqclient.config import OPTIONS, Config, Option, identify_payload
+from nsqclient.config import OPTIONS, Config, Option, check_owner, identify_payload
 
 FLOAT_OPTIONS = sorted(name for name, opt in OPTIONS.items() if opt.kind is float)
 INT_OPTIONS = sorted(name for name, opt in OPTIONS.items() if opt.kind is int)
@@ -534,3 +535,38 @@ def test_check_float_nan_and_infinity() -> None:
 def test_is_int_and_is_number() -> None:
     assert is_int(3) and not is_int(True) and not is_int(3.0) and not is_int("3")
     assert is_number(3) and is_number(3.5) and not is_number(False) and not is_number(None)
+
+
+@pytest.mark.parametrize(
+    ("make", "option", "value", "owner"),
+    [
+        (lambda **kw: nsqclient.Producer("127.0.0.1:4150", **kw), "max_in_flight", 5, "Consumer"),
+        (lambda **kw: nsqclient.Producer("127.0.0.1:4150", **kw), "concurrency", 5, "Consumer"),
+        (
+            lambda **kw: nsqclient.Consumer("t", "c", print, "127.0.0.1:4150", **kw),
+            "pub_timeout",
+            3,
+            "Producer",
+        ),
+        (
+            lambda **kw: nsqclient.Consumer("t", "c", print, "127.0.0.1:4150", **kw),
+            "leader_retries",
+            1,
+            "Producer",
+        ),
+    ],
+)
+def test_an_option_of_the_other_class_is_refused_naming_its_class(make, option, value, owner):
+    with pytest.raises(TypeError) as info:
+        make(**{option: value})
+    assert f"{option} is a {owner} option" in str(info.value)
+
+
+def test_every_option_says_which_class_takes_it():
+    owners = {o.owner for o in OPTIONS.values()}
+    assert owners == {None, "Consumer", "Producer"}
+    # what both classes use stays shared
+    for shared in ("dial_timeout", "tls_v1", "lookupd_poll_interval", "reconnect_interval"):
+        assert OPTIONS[shared].owner is None
+    check_owner({"max_in_flight": 1, "dial_timeout": 1.0}, "Consumer")
+    check_owner({"pub_timeout": 1.0, "unknown_is_left_to_config": 1}, "Producer")

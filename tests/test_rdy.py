@@ -172,3 +172,12 @@ def test_is_starved_uses_the_085_rule():
     assert is_starved([ConnView("a:1", rdy=100, in_flight=85)])
     assert not is_starved([ConnView("a:1", rdy=0, in_flight=0)])
     assert is_starved([ConnView("a:1", rdy=10, in_flight=1), ConnView("b:1", rdy=1, in_flight=1)])
+
+
+def test_is_starved_counts_only_what_handlers_hold():
+    # 2,499 in flight of RDY 2,500, but 2,498 of them still wait for a handler: the handler
+    # holds one, nsqd will go on sending as the queue drains, a batch is nowhere near starved.
+    assert not is_starved([ConnView("a:1", rdy=2500, in_flight=2499, queued=2498)])
+    assert not is_starved([ConnView("a:1", rdy=100, in_flight=100, queued=16)])  # 84 held
+    assert is_starved([ConnView("a:1", rdy=100, in_flight=100, queued=15)])  # 85 held
+    assert not is_starved([ConnView("a:1", rdy=1, in_flight=1, queued=1)])  # nothing held yet

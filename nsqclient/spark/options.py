@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import OPTIONS, Config
+from ..config import OPTIONS, Config, check_owner
 from ..protocol import check_channel_name, check_topic_name
 
 __all__ = ["SourceOptions", "SinkOptions", "parse_config_value", "split_addresses"]
@@ -129,6 +129,7 @@ def _parse(
             hint = f"; did you mean {spelled[close[0]]!r}?" if close else ""
             raise ValueError(f"unknown option {key!r} for the nsq {what}{hint}")
     try:
+        check_owner(config, "Consumer" if what == "source" else "Producer")
         Config(**config)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"nsq {what}: {exc}") from None
