@@ -1106,6 +1106,11 @@ class Writer(metaclass=_Registered):
     ) -> None:
         # Runs where the future completes, usually a connection's reader thread: only hand on.
         error = future.exception()
+        address = getattr(future, "nsqd_address", None)
+        if error is not None and address is None:
+            # Never written: no nsqd could be reached (refused, no handshake, pub_timeout).
+            self._enqueue((callback, None, SendError("no open connections", error), outer))
+            return
         if isinstance(error, ConnectionClosedError) and not error.maybe_processed:
             # Queued behind a fatal error on its connection: nsqd provably did not process it.
             # The Producer's blocking publish sends it again, by the Producer's rules.
@@ -1114,7 +1119,7 @@ class Writer(metaclass=_Registered):
                 return
             except RuntimeError:  # close() shut the resend thread down meanwhile
                 pass
-        address = getattr(future, "nsqd_address", None) or self._single
+        address = address or self._single
         conn = _ConnRef(address) if address else None
         self._enqueue((callback, conn, error if error is not None else future.result(), outer))
 

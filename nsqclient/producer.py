@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from . import protocol
+from .backlog import Backlog
 from .backoff import reconnect_delay
 from .checks import check_float, check_int
 from .config import Config, check_owner
@@ -124,6 +125,7 @@ class _Slot:
         "skipped",
         "connects",
         "totals",
+        "warming",
     )
 
     def __init__(self, address: str):
@@ -142,6 +144,13 @@ class _Slot:
         self.connects = 0
         #: _CUMULATIVE counters of the connections this slot had before the current one
         self.totals = dict.fromkeys(_CUMULATIVE, 0)
+        #: a thread is connecting it for pub_async (see Producer._warm)
+        self.warming = False
+
+    def live(self) -> Connection | None:
+        """The connection, when it is connected."""
+        conn = self.conn
+        return conn if conn is not None and conn.is_connected else None
 
     def retire(self, conn: Connection) -> None:
         """Fold a connection that is being replaced or closed into the slot's totals."""
@@ -203,9 +212,12 @@ class Producer:
             pool = LookupdPool(lookupds, self.config.lookupd_request_timeout)
             self._router = Router(pool, self.config.lookupd_poll_interval)
         self._tracing = self.config.trace
-        #: routed asynchronous publishes not answered yet (flush and close wait for them)
+        #: asynchronous publishes not yet on a connection, or waiting for a routed retry,
+        #: and not answered yet (flush and close wait for them)
         self._routed: set[Future] = set()
         self._routed_lock = threading.Lock()
+        #: pub_async work that may block (connecting, lookups), run in order on one thread
+        self._backlog = Backlog(addresses[0] if addresses else "lookup")
         self._rr = itertools.count()
         #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
         self._pub_lines: dict[str, bytes] = {}
@@ -311,12 +323,18 @@ class Producer:
         trace_id: int | None = None,
         ext: dict[str, Any] | None = None,
     ) -> Future:
-        """Publish without waiting; the Future resolves to nsqd's answer (``b"OK"``, or a
-        :class:`PublishResult` when traced) or fails with the error :meth:`pub` would raise.
-        Bad input raises here, at once.  With ``lookupd_http_addresses`` the first publish
-        of a topic looks it up on the calling thread."""
+        """Publish without waiting: returns a :class:`concurrent.futures.Future` at once, never
+        blocking on the network.
+
+        The Future resolves to nsqd's answer (``b"OK"``, or a :class:`PublishResult` when
+        traced) or fails with the error :meth:`pub` would raise: a connection that cannot be
+        made (refused, no handshake within ``handshake_timeout``, closed) fails the Future,
+        within ``pub_timeout`` seconds of the call.  Bad input (topic, body, partition) raises
+        here, at once.  When no connection is ready (the first publish, an nsqd down) or a
+        topic's route must be looked up first, that work runs on the Producer's backlog
+        thread, in the order of the calls."""
         if self._classic(partition, key, trace_id, ext):
-            return self._submit(self._pub_command(topic, body), None, RequestFuture)
+            return self._submit_async(self._pub_command(topic, body))
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
         return self._submit_routed(topic, build, traced, partition, key)
 
@@ -332,7 +350,7 @@ class Producer:
     ) -> Future:
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
         if self._classic(partition, key, trace_id, ext):
-            return self._submit(protocol.mpub(topic, bodies), None, RequestFuture)
+            return self._submit_async(protocol.mpub(topic, bodies))
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
         return self._submit_routed(topic, build, traced, partition, key)
 
@@ -340,9 +358,13 @@ class Producer:
         """:meth:`dpub` without waiting; see :meth:`pub_async`."""
         command = protocol.dpub(topic, _delay_ms(delay), body)
         if self._router is None:
-            return self._submit(command, None, RequestFuture)
-        self._check_not_partitioned(topic)
-        return self._submit_routed(topic, lambda p: command, False, None, None)
+            return self._submit_async(command)
+
+        def build(p: int | None) -> bytes:
+            self._check_not_partitioned(topic)  # the route is cached by now
+            return command
+
+        return self._submit_routed(topic, build, False, None, None)
 
     def _classic(self, partition: object, key: object, trace_id: object, ext: object) -> bool:
         """True for a publish with nothing of youzan's and no lookup: the fast path."""
@@ -390,8 +412,10 @@ class Producer:
         A Producer that was never closed is closed at interpreter exit: it waits up to the
         ``exit_flush_timeout`` option (seconds) for what it accepted, and logs an ERROR naming
         how many publishes it could not deliver."""
-        self._closed = True
         deadline = time.monotonic() + timeout
+        # Publishes accepted by pub_async and still waiting for a connection go out first.
+        self._backlog.wait_empty(deadline - time.monotonic())
+        self._closed = True
         with self._routed_lock:
             routed = list(self._routed)
         for future in routed:  # routed publishes waiting for a retry
@@ -533,9 +557,30 @@ class Producer:
         make_future: Callable[[], AnyFuture],
         slots: list[_Slot] | None = None,
     ) -> AnyFuture:
+        """Write ``command`` on a connection of ``slots`` (default: the given addresses, round
+        robin), connecting (until ``deadline``) where needed; ConnectionClosedError when no
+        nsqd could be reached."""
+        future = self._submit_to(command, deadline, make_future, slots, True)
+        assert future is not None  # with connect=True it returns a future or raises
+        return future
+
+    def _submit_live(self, command: bytes, slots: list[_Slot] | None = None) -> Future | None:
+        """:meth:`_submit` on connections already made, never blocking: None when none is
+        ready.  When one is, the addresses not connected are connected in the background."""
+        return self._submit_to(command, None, RequestFuture, slots, False)
+
+    def _submit_to(
+        self,
+        command: bytes,
+        deadline: float | None,
+        make_future: Callable[[], AnyFuture],
+        slots: list[_Slot] | None,
+        connect: bool,
+    ) -> AnyFuture | None:
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
+        cold: list[_Slot] = []
         count = protocol.published_count(command)
         if slots is None:
             slots = self._slots
@@ -548,12 +593,20 @@ class Producer:
                 # Healthy addresses first, then those waiting out a reconnect delay.
                 slots.sort(key=lambda s: s.down_until > now)
         for slot in slots:
-            conn = self._connection(slot, deadline)
+            if not connect:
+                conn = slot.live()
+                if conn is None:
+                    cold.append(slot)
+                    continue
+            else:
+                conn = self._connection(slot, deadline)
             if conn is None:
                 slot.skipped += 1
                 errors.append(f"{slot.address}: {slot.last_error}")
                 continue
             future = conn.request(command, make_future(), count)
+            if _not_processed(future) and not connect:
+                continue  # closed just now: the caller goes the blocking way
             if _not_processed(future):
                 # It closed just now, before nsqd took the command: nothing was stored.
                 # One fresh connection to the same nsqd, then the next address.
@@ -569,10 +622,94 @@ class Producer:
                 future.nsqd_address = slot.address  # type: ignore[attr-defined]
             else:
                 future.conn = conn
+            for other in cold:
+                self._warm(other)
             return future
+        if not connect:
+            return None
         raise ConnectionClosedError(
             "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
         )
+
+    def _warm(self, slot: _Slot) -> None:
+        """Connect ``slot`` on a thread of its own (for pub_async, which never connects on the
+        caller's thread), unless it waits out a reconnect delay or is being connected."""
+        if slot.warming or slot.lock.locked() or slot.down_until > time.monotonic():
+            return
+        slot.warming = True
+
+        def connect() -> None:
+            try:
+                self._connection(slot, time.monotonic() + self.config.handshake_timeout)
+            except NSQError:
+                pass  # closed meanwhile
+            finally:
+                slot.warming = False
+
+        threading.Thread(target=connect, name=f"nsq-connect-{slot.address}", daemon=True).start()
+
+    def _submit_async(self, command: bytes) -> Future:
+        """A classic asynchronous publish: written at once on a ready connection, or handed
+        to the backlog (connecting there, within ``pub_timeout``) when none is ready or
+        earlier publishes wait there, so that one caller's publishes keep their order."""
+        if not len(self._backlog):
+            future = self._submit_live(command)
+            if future is not None:
+                return future
+        elif self._closed:
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
+        outer = self._tracked_future()
+        deadline = time.monotonic() + self.config.pub_timeout
+
+        def job() -> None:
+            try:
+                inner = self._submit_backlogged(command, deadline, None)
+            except BaseException as exc:
+                outer.set_exception(exc)
+                return
+            _chain(inner, outer)
+
+        self._backlog.submit(job)
+        return outer
+
+    def _submit_backlogged(
+        self, command: bytes, deadline: float, slots: list[_Slot] | None
+    ) -> Future:
+        """:meth:`_submit` for a publish from the backlog: when every address is waiting out
+        its reconnect delay after a failure, fail at once with that failure rather than try
+        again for every publish queued behind the one that found it down."""
+        candidates = self._slots if slots is None else slots
+        now = time.monotonic()
+        if candidates and all(s.live() is None and s.down_until > now for s in candidates):
+            for slot in candidates:
+                slot.skipped += 1
+            raise ConnectionClosedError(
+                "could not reach any nsqd: "
+                + "; ".join(f"{s.address}: {s.last_error}" for s in candidates),
+                maybe_processed=False,
+            )
+        if now >= deadline:
+            raise NSQTimeoutError(
+                f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s);"
+                " nothing was sent"
+            )
+        try:
+            return self._submit(command, deadline, RequestFuture, slots)
+        except ConnectionClosedError as exc:
+            if self._closed or time.monotonic() < deadline:
+                raise
+            raise NSQTimeoutError(
+                f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s): {exc}"
+            ) from exc
+
+    def _tracked_future(self) -> Future:
+        """A running Future that flush() and close() wait for until it is done."""
+        outer: Future = Future()
+        outer.set_running_or_notify_cancel()
+        with self._routed_lock:
+            self._routed.add(outer)
+        outer.add_done_callback(self._forget_routed)
+        return outer
 
     # ---------------------------------------------------------------- routed publishing
 
@@ -585,7 +722,8 @@ class Producer:
         ext: dict[str, Any] | None,
     ) -> tuple[_Build, bool]:
         """The command builder of one PUB-like publish, and whether it is traced.  The command
-        is checked here, then ext headers against the topic's route (a lookup, when not cached)."""
+        is checked here; ext headers are checked against the topic's route by the builder,
+        once the publish has its route (see :meth:`_checking_ext`)."""
         traced = trace_id is not None or self._tracing
         build: _Build
         if ext is not None:
@@ -606,8 +744,7 @@ class Producer:
                 return protocol.pub(topic, body, p)
 
         build(partition)  # bad topic, body, partition or ext raise here
-        self._check_ext(topic, ext)
-        return build, traced
+        return self._checking_ext(topic, ext, build), traced
 
     def _mpub_builder(
         self,
@@ -646,19 +783,25 @@ class Producer:
                 return protocol.mpub(topic, items, p)
 
         build(partition)
-        self._check_ext(topic, ext)
-        return build, traced
+        return self._checking_ext(topic, ext, build), traced
 
-    def _check_ext(self, topic: str, ext: dict[str, Any] | None) -> None:
-        """ext headers only for a topic lookup says takes them (youzan's nsqd answers others
-        with an error, and an MPUB_EXT refused midway leaves the stream unusable)."""
+    def _checking_ext(self, topic: str, ext: dict[str, Any] | None, build: _Build) -> _Build:
+        """``build``, first checking that the topic takes ext headers, when there are some:
+        youzan's nsqd answers others with an error, and an MPUB_EXT refused midway leaves the
+        stream unusable.  A builder runs once the publish has its route (it is cached)."""
         if ext is None or self._router is None:
-            return
-        route = self._router.route(topic)
-        if route.partitioned and not route.extend_support:
-            raise ValueError(
-                f"topic {topic!r} was not created with extend support: publish it without ext="
-            )
+            return build
+        router = self._router
+
+        def checked(p: int | None) -> bytes:
+            route = router.route(topic)
+            if route.partitioned and not route.extend_support:
+                raise ValueError(
+                    f"topic {topic!r} was not created with extend support: publish it without ext="
+                )
+            return build(p)
+
+        return checked
 
     def _check_not_partitioned(self, topic: str) -> None:
         assert self._router is not None
@@ -782,32 +925,46 @@ class Producer:
         partition: int | None,
         key: bytes | str | int | None,
     ) -> Future:
-        """An asynchronous publish that follows lookup: the first attempt is routed on the
-        calling thread; retries after a stale-route answer run on a timer thread."""
+        """An asynchronous publish that follows lookup.  The first attempt runs on the calling
+        thread when the topic's route is cached and its nsqd connected, otherwise on the
+        backlog thread; retries after a stale-route answer run on a timer thread."""
         if key is not None:
             key_bytes(key)
-        outer: Future = Future()
-        outer.set_running_or_notify_cancel()
-        with self._routed_lock:
-            self._routed.add(outer)
-        outer.add_done_callback(self._forget_routed)
+        if self._closed:
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
+        router = self._router
+        assert router is not None
+        outer = self._tracked_future()
         started = time.monotonic()
+        deadline = started + self.config.pub_timeout
 
-        def attempt(retries: int) -> None:
+        def attempt(retries: int, inline: bool = False) -> bool:
+            """One attempt; False when ``inline`` and it cannot go without blocking."""
             try:
+                if inline and router.cached(topic) is None:
+                    return False
                 p, slots = self._target(topic, partition, key)
                 command = build(p)
-                inner = self._submit(command, None, RequestFuture, slots)
+                inner: Future | None
+                if inline:
+                    inner = self._submit_live(command, slots)
+                    if inner is None:
+                        return False
+                elif retries == 0:
+                    inner = self._submit_backlogged(command, deadline, slots)
+                else:
+                    inner = self._submit(command, None, RequestFuture, slots)
             except (ValueError, TypeError) as exc:
-                if retries == 0:
+                if inline:
                     raise  # bad input: at the call site
                 outer.set_exception(exc)
-                return
+                return True
             except BaseException as exc:
                 failed(exc, retries)
-                return
+                return True
             address = slots[0].address if slots else ""
             inner.add_done_callback(lambda f: answered(f, p, address, retries, command, slots))
+            return True
 
         def answered(
             inner: Future,
@@ -840,8 +997,12 @@ class Producer:
             timer.daemon = True
             timer.start()
 
-        try:
+        def first_attempt() -> None:
             attempt(0)
+
+        try:
+            if len(self._backlog) or not attempt(0, inline=True):
+                self._backlog.submit(first_attempt)
         except BaseException:
             self._forget_routed(outer)
             raise
@@ -938,6 +1099,7 @@ class Producer:
         self._pool_lock = threading.Lock()
         self._routed_lock = threading.Lock()
         self._routed = set()
+        self._backlog = Backlog(self._backlog.name)
 
 
 def _not_processed(future: Future | Waiter) -> bool:
@@ -949,6 +1111,20 @@ def _not_processed(future: Future | Waiter) -> bool:
         return False
     exc = future.exception()
     return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
+
+
+def _chain(inner: Future, outer: Future) -> None:
+    """Complete ``outer`` as ``inner`` completes (with its nsqd address)."""
+    outer.nsqd_address = getattr(inner, "nsqd_address", None)  # type: ignore[attr-defined]
+
+    def done(f: Future) -> None:
+        exc = f.exception()
+        if exc is not None:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(f.result())
+
+    inner.add_done_callback(done)
 
 
 def _delay_ms(delay: float) -> int:

@@ -77,6 +77,13 @@ class Router:
                 self._forget_fetch_locks()
             return route
 
+    def cached(self, topic: str) -> TopicRoute | None:
+        """The topic's route when the cache holds a fresh one, else None (never looks up)."""
+        cached = self._routes.get(topic)
+        if cached is not None and self._clock() - cached[1] < self.refresh_interval:
+            return cached[0]
+        return None
+
     def invalidate(self, topic: str) -> None:
         """Forget the topic's route: the next publish looks it up again."""
         with self._lock:

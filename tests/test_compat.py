@@ -651,8 +651,11 @@ def test_writer_unreachable_nsqd(caplog):
         wait_for(lambda: any("failed to pub" in r.getMessage() for r in caplog.records))
 
 
-def _failed(exc):
+def _failed(exc, address="127.0.0.1:4150"):
+    """A publish's future that failed after it was written on the connection to ``address``
+    (the Producer names the nsqd on every future it wrote)."""
     future = Future()
+    future.nsqd_address = address
     future.set_exception(exc)
     return future
 

@@ -1,0 +1,69 @@
+"""The Producer's backlog: asynchronous publishes that could not be written at once.
+
+``pub_async()`` must return within microseconds whatever the network does.  When no connection
+is ready (the first publish, nsqd down, a silent listener in the handshake) the work that could
+block (connecting, looking up) is handed to a :class:`Backlog`: one thread runs the jobs in the
+order they came, so one caller's publishes keep their order, and ends when none is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+__all__ = ["Backlog"]
+
+logger = logging.getLogger("nsqclient.producer")
+
+Job = Callable[[], None]
+
+
+class Backlog:
+    """Jobs run one at a time, in order, on a thread named ``nsq-backlog-<name>`` that exists
+    only while there are jobs.  A job must not raise (it reports into its own Future); one
+    that does is logged and the next runs."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._jobs: deque[Job] = deque()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Condition(self._lock)
+
+    def __len__(self) -> int:
+        """Jobs waiting or running."""
+        return len(self._jobs)
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; start the thread when it is the only one."""
+        with self._lock:
+            self._jobs.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"nsq-backlog-{self.name}", daemon=True
+                )
+                self._thread.start()
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every job has run; True if it has."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._jobs, max(timeout, 0.0))
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._thread = None
+                    self._idle.notify_all()
+                    return
+                job = self._jobs[0]
+            try:
+                job()
+            except Exception:
+                logger.exception("unexpected error in a backlogged publish; the next one runs")
+            # Popped only once it ran: a publish made meanwhile sees a backlog and queues
+            # behind it, rather than overtaking it on a connection that just came up.
+            with self._lock:
+                self._jobs.popleft()
