@@ -357,13 +357,15 @@ class Connection:
 
     # ---------------------------------------------------------------- handshake
 
-    def connect(self, deadline: float | None = None) -> None:
+    def connect(self, deadline: float | None = None, deadline_name: str = "deadline") -> None:
         """Dial, handshake, start the reader and writer threads.
 
         The dial is bounded by ``dial_timeout`` and the whole handshake (magic, IDENTIFY, TLS
         and compression upgrades, AUTH) by ``handshake_timeout``, whatever the peer does
         (a peer dripping one byte a second included).  ``deadline``, a ``time.monotonic()``
-        value, bounds both together when it comes first (a publish's own timeout).
+        value, bounds both together when it comes first (a publish's own timeout); a timeout
+        error names the limit that fired: ``dial_timeout``, ``handshake_timeout`` or
+        ``deadline_name``.
 
         Raises:
             NSQError: nsqd refused or broke the handshake (a subclass says how:
@@ -380,22 +382,25 @@ class Connection:
         watchdog: threading.Timer | None = None
         expired = threading.Event()
         handshake_timeout = cfg.handshake_timeout
+        handshake_limit = "handshake_timeout"
         try:
-            dial_timeout = cfg.dial_timeout
-            if deadline is not None:
-                dial_timeout = min(dial_timeout, max(deadline - time.monotonic(), 0.001))
+            dial_timeout, dial_limit = cfg.dial_timeout, "dial_timeout"
+            if deadline is not None and deadline - time.monotonic() < dial_timeout:
+                dial_timeout, dial_limit = max(deadline - time.monotonic(), 0.001), deadline_name
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=dial_timeout)
             except TimeoutError as exc:
                 raise NSQTimeoutError(
-                    f"connecting to {self.address} took longer than {dial_timeout:g}s"
+                    f"connecting to {self.address} took longer than {dial_timeout:.3g}s"
+                    f" ({dial_limit})"
                 ) from exc
             self._sock = sock
             if self._abort.is_set():
                 raise ConnectionClosedError(f"connecting to {self.address} was aborted")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if deadline is not None:
-                handshake_timeout = min(handshake_timeout, max(deadline - time.monotonic(), 0.0))
+            if deadline is not None and deadline - time.monotonic() < handshake_timeout:
+                handshake_timeout = max(deadline - time.monotonic(), 0.0)
+                handshake_limit = deadline_name
 
             def expire() -> None:
                 expired.set()
@@ -430,8 +435,8 @@ class Connection:
             timed_out = isinstance(exc, TimeoutError) and not isinstance(exc, NSQError)
             if expired.is_set() or timed_out:
                 timeout_exc = NSQTimeoutError(
-                    f"handshake with {self.address} timed out after {handshake_timeout:g}s"
-                    " (handshake_timeout)"
+                    f"handshake with {self.address} timed out after {handshake_timeout:.3g}s"
+                    f" ({handshake_limit})"
                 )
                 self.close_reason = timeout_exc
                 raise timeout_exc from exc
@@ -746,11 +751,11 @@ class Connection:
         """A write failed or timed out (``write_timeout``): part of a command may be on the
         wire, so the connection is unusable.  Shutting the socket down makes the reader close it
         and fail every pending request."""
-        if self.state is not ConnectionState.CLOSED and self._fatal_error is None:
-            logger.warning("write to %s failed: %s", self.address, exc)
+        logger.debug("write to %s failed: %s", self.address, exc)
         # Not the close reason yet: nsqd may have explained itself (a fatal error frame, read
-        # after this, when it closed the socket under the write).
-        self._write_error = self._write_error or exc
+        # after this, when it closed the socket under the write); see _close_reason.
+        if self.state is not ConnectionState.CLOSED:
+            self._write_error = self._write_error or exc
         if self._transport is not None:
             self._transport.shutdown()
 
@@ -775,8 +780,7 @@ class Connection:
             logger.exception("unexpected error on the reader of %s", self.address)
             reason = exc
         finally:
-            # What nsqd said beats a failed write, which beats what the reader saw last.
-            self._finish_close(self._fatal_error or self._write_error or reason)
+            self._finish_close(self._close_reason(reason))
 
     def _poll_read_loop(self) -> None:
         """The reader in caller-reads mode: wait for data without holding the read lock, so
@@ -815,8 +819,19 @@ class Connection:
             logger.exception("unexpected error on the reader of %s", self.address)
             reason = exc
         finally:
-            self._finish_close(self._fatal_error or self._write_error or reason)
+            self._finish_close(self._close_reason(reason))
             poller.close()
+
+    def _close_reason(self, seen: BaseException | None) -> BaseException | None:
+        """Why the stream ended: what nsqd said beats a failed write, which beats what the
+        reader saw last.  A failed write is logged only when nsqd did not explain it (a 6 MB
+        PUB gets E_BAD_MESSAGE, then a reset under the rest of the write: the error says it)."""
+        if self._fatal_error is not None:
+            return self._fatal_error
+        if self._write_error is not None:
+            logger.warning("write to %s failed: %s", self.address, self._write_error)
+            return self._write_error
+        return seen
 
     def read_until(self, future: Future | Waiter, deadline: float) -> None:
         """Caller-reads mode: read and handle what nsqd sends in the calling thread until

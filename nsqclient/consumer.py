@@ -309,6 +309,13 @@ class Consumer:
         for t in self._workers + self._threads:
             t.start()
         self._all_started.set()
+        if self._max_in_flight == 0:
+            logger.warning(
+                "%s/%s: max_in_flight is 0, so the consumer is paused (RDY 0 everywhere) and"
+                " receives nothing until set_max_in_flight() gives it a positive count",
+                self.topic,
+                self.channel,
+            )
 
     def run(self) -> None:
         """Start, then block until SIGINT/SIGTERM (when called from the main thread) or
@@ -502,7 +509,10 @@ class Consumer:
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change ``max_in_flight``; 0 pauses (RDY 0 everywhere), a positive value resumes."""
-        self._max_in_flight = check_int(max_in_flight, "max_in_flight", "messages", min=0)
+        value = check_int(max_in_flight, "max_in_flight", "messages", min=0)
+        if (value == 0) != (self._max_in_flight == 0):
+            logger.info("%s/%s: %s", self.topic, self.channel, "paused" if not value else "resumed")
+        self._max_in_flight = value
         self._rdy_wake.set()
 
     def is_starved(self) -> bool:

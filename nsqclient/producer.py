@@ -126,6 +126,7 @@ class _Slot:
         "connects",
         "totals",
         "warming",
+        "warned",
     )
 
     def __init__(self, address: str):
@@ -146,6 +147,8 @@ class _Slot:
         self.totals = dict.fromkeys(_CUMULATIVE, 0)
         #: a thread is connecting it for pub_async (see Producer._warm)
         self.warming = False
+        #: the current outage was logged at WARNING (publishes failed over to other addresses)
+        self.warned = False
 
     def live(self) -> Connection | None:
         """The connection, when it is connected."""
@@ -528,7 +531,7 @@ class Producer:
                 future = self._submit(command, deadline, Waiter, slots)
             except ConnectionClosedError as exc:
                 if time.monotonic() >= deadline:
-                    raise NSQTimeoutError(f"no nsqd connection within {timeout}s: {exc}") from exc
+                    raise NSQTimeoutError(f"no nsqd connection within {timeout:g}s: {exc}") from exc
                 raise
             conn = future.conn
             if conn is not None:
@@ -580,6 +583,7 @@ class Producer:
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
+        down: list[_Slot] = []
         cold: list[_Slot] = []
         count = protocol.published_count(command)
         if slots is None:
@@ -603,6 +607,7 @@ class Producer:
             if conn is None:
                 slot.skipped += 1
                 errors.append(f"{slot.address}: {slot.last_error}")
+                down.append(slot)
                 continue
             future = conn.request(command, make_future(), count)
             if _not_processed(future) and not connect:
@@ -624,6 +629,8 @@ class Producer:
                 future.conn = conn
             for other in cold:
                 self._warm(other)
+            for other in down:
+                _warn_failover(other, slot.address)
             return future
         if not connect:
             return None
@@ -1050,17 +1057,19 @@ class Producer:
                 conn.close(0.0)
         conn = Connection(slot.address, self.config, caller_reads=True)
         try:
-            conn.connect(deadline)
+            conn.connect(deadline, "the publish's timeout: pub_timeout, or timeout=")
         except (OSError, NSQError) as exc:
             self._connect_failed(slot, exc)
             return None
         if slot.down_since is not None:
-            logger.warning(
+            logger.log(
+                logging.WARNING if slot.warned else logging.INFO,
                 "nsqd %s is reachable again after %.1fs; %d publishes could not use it meanwhile",
                 slot.address,
                 time.monotonic() - slot.down_since,
                 slot.skipped,
             )
+            slot.warned = False
         slot.failures = 0
         slot.down_until = 0.0
         slot.down_since = None
@@ -1079,7 +1088,9 @@ class Producer:
         slot.down_until = time.monotonic() + delay
         if slot.down_since is None:
             slot.down_since = time.monotonic()
-            logger.warning(
+            # INFO: a publish that finds no other nsqd raises this error to its caller (see
+            # _warn_failover for the outage nobody is told of).
+            logger.info(
                 "cannot connect to nsqd %s: %s (said once per outage; publishes to it fail"
                 " over or raise until it is back)",
                 slot.address,
@@ -1111,6 +1122,20 @@ def _not_processed(future: Future | Waiter) -> bool:
         return False
     exc = future.exception()
     return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
+
+
+def _warn_failover(slot: _Slot, used: str) -> None:
+    """Once per outage, at WARNING: publishes meant for ``slot`` succeed elsewhere, so no
+    caller hears of its outage."""
+    if not slot.warned:
+        slot.warned = True
+        logger.warning(
+            "nsqd %s is unreachable (%s); publishes go to %s and the other addresses until it"
+            " is back",
+            slot.address,
+            slot.last_error,
+            used,
+        )
 
 
 def _chain(inner: Future, outer: Future) -> None:

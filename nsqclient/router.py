@@ -127,6 +127,14 @@ class Router:
                     " until the topic has a channel: create one, e.g. in nsqadmin or by"
                     " starting a consumer)"
                 ) from exc
+            if exc.status == 404:
+                # youzan's lookupd (its etcd) knows no such topic: only an admin creates one.
+                raise NoRouteError(
+                    f"{exc} (lookupd knows no topic {topic!r}: youzan's NSQ creates topics only"
+                    " on request, e.g. curl -X POST"
+                    f" 'http://<lookupd-http>/topic/create?topic={topic}&partition_num=2"
+                    "&replicator=2', then give it a channel by starting its consumer)"
+                ) from exc
             raise
         route = route_from_lookup(topic, result)
         if route.partitioned or route.nsqd:

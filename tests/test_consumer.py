@@ -922,3 +922,44 @@ def test_discovery_through_a_pre_1_0_lookupd(nsq_cluster_factory, consumers):
     assert sorted(c.address for c in consumer.connections()) == sorted(
         n.tcp_address for n in cluster.nsqds
     )
+
+
+def test_a_consumer_started_with_max_in_flight_0_says_it_is_paused(nsqd, consumers, caplog):
+    caplog.set_level(logging.INFO, logger="nsqclient.consumer")
+    got: list[Message] = []
+    consumer = consumers(
+        "c_paused0", "ch", got.append, nsqd_tcp_addresses=nsqd.nsqd.tcp_address, max_in_flight=0
+    )
+    paused = [r for r in caplog.records if "max_in_flight is 0" in r.getMessage()]
+    assert len(paused) == 1 and paused[0].levelno == logging.WARNING
+    publish(nsqd.nsqd, "c_paused0", [b"x"])
+    consumer.set_max_in_flight(1)
+    wait_for(lambda: len(got) == 1, TIMEOUT)
+    assert any(r.getMessage().endswith("resumed") for r in caplog.records)
+
+
+def test_stop_lets_handlers_work_through_the_messages_waiting_for_a_worker(nsqd, consumers):
+    """docs/consumer.rst, Shutdown: within stop()'s timeout, messages already received but not
+    yet started are handled, not requeued."""
+    node = nsqd.nsqd
+    release = threading.Event()
+    handled: list[bytes] = []
+
+    def handler(message: Message) -> None:
+        release.wait(TIMEOUT)  # the first one holds the only worker: the rest wait for it
+        handled.append(message.body)
+
+    consumer = consumers(
+        "c_stop_drain", "ch", handler, nsqd_tcp_addresses=node.tcp_address, max_in_flight=5
+    )
+    bodies = [b"d%d" % i for i in range(5)]
+    publish(node, "c_stop_drain", bodies)
+    wait_for(lambda: consumer.stats()["received"] == 5, TIMEOUT)
+    stopper = threading.Thread(target=consumer.stop, kwargs={"timeout": TIMEOUT})
+    stopper.start()
+    wait_for(consumer._stopping.is_set, TIMEOUT)
+    release.set()
+    stopper.join(TIMEOUT)
+    assert sorted(handled) == bodies
+    stats = consumer.stats()
+    assert (stats["finished"], stats["requeued"]) == (5, 0)

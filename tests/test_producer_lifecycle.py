@@ -18,7 +18,7 @@ import pytest
 
 from nsqclient import Producer, protocol
 from nsqclient.conn import Waiter
-from nsqclient.errors import ConnectionClosedError, NSQTimeoutError
+from nsqclient.errors import BadMessageError, ConnectionClosedError, NSQTimeoutError
 from nsqclient.testing.helpers import free_port, message_count
 from nsqclient.testing.waiting import wait_for
 
@@ -258,8 +258,12 @@ def dripping_nsqd() -> Iterator[str]:
 
 def test_pub_timeout_bounds_a_dripping_handshake(dripping_nsqd, producers):
     p = producers(dripping_nsqd, handshake_timeout=30.0)
-    with pytest.raises(NSQTimeoutError):
+    with pytest.raises(NSQTimeoutError) as info:
         p.pub("p_drip", b"x", timeout=0.5)
+    # The limit that fired is named, its figure rounded (not handshake_timeout, not 0.49987s).
+    message = str(info.value)
+    assert "timed out after 0.5s (the publish's timeout: pub_timeout, or timeout=)" in message
+    assert "handshake_timeout" not in message
 
 
 def test_handshake_timeout_bounds_a_dripping_handshake(dripping_nsqd):
@@ -289,15 +293,38 @@ def test_an_outage_is_logged_once_and_its_end_once(nsq_cluster_factory, producer
     for _ in range(30):
         with pytest.raises(ConnectionClosedError):
             p.pub("p_outage_log", b"while down")
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    assert "once per outage" in warnings[0].getMessage()
+    # Every caller got the error: nothing at WARNING, the outage at INFO once.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1 and "once per outage" in infos[0], infos
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) >= 29
     caplog.clear()
     cluster.start_nsqd(0)
     p.pub("p_outage_log", b"after")
-    recovered = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    recovered = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert len(recovered) == 1 and "30 publishes could not use it" in recovered[0], recovered
+
+
+def test_an_outage_hidden_by_failover_is_a_warning_once(nsq_cluster_factory, producers, caplog):
+    cluster = nsq_cluster_factory(nsqd_count=2, lookupd=False)
+    a, b = cluster.nsqds
+    p = producers([a.tcp_address, b.tcp_address], reconnect_interval=0.001)
+    p.pub("p_failover_log", b"before")
+    cluster.stop_nsqd(0)
+    caplog.set_level(logging.INFO, logger="nsqclient.producer")
+    caplog.clear()
+    for _ in range(20):
+        p.pub("p_failover_log", b"while one is down")  # every one succeeds on b
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and f"nsqd {a.tcp_address} is unreachable" in warnings[0], warnings
+    caplog.clear()
+    cluster.start_nsqd(0)
+    wait_for(
+        lambda: p.pub("p_failover_log", b"after") is None and p.stats()["nsqd"][0]["connected"],
+        TIMEOUT,
+    )
+    recovered = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(recovered) == 1 and "reachable again" in recovered[0], recovered
 
 
 def test_stats_are_cumulative_across_reconnects(nsq_cluster_factory, producers):
@@ -322,3 +349,20 @@ def test_stats_are_cumulative_across_reconnects(nsq_cluster_factory, producers):
 def test_a_tcp_address_with_a_scheme_is_refused_saying_so():
     with pytest.raises(ValueError, match="no scheme"):
         Producer(f"http://127.0.0.1:{free_port()}")
+
+
+def test_a_message_too_big_is_refused_without_a_write_warning(
+    nsq_cluster_factory, producers, caplog
+):
+    """nsqd refuses a PUB from its size prefix and closes the socket under the rest of the
+    write: the caller gets E_BAD_MESSAGE, and the reset under the write is not logged as if it
+    were the problem."""
+    cluster = nsq_cluster_factory(lookupd=False, max_msg_size=1024)
+    p = producers(cluster.nsqd.tcp_address)
+    p.pub("p_big_log", b"fits")
+    caplog.set_level(logging.DEBUG, logger="nsqclient")
+    caplog.clear()
+    with pytest.raises(BadMessageError):
+        p.pub("p_big_log", b"x" * (6 * 1024 * 1024))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []

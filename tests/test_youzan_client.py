@@ -162,6 +162,16 @@ def test_a_topic_without_a_channel_says_so(cluster, producers):
         producers().pub("yz_nochan", b"m")
 
 
+def test_a_topic_never_created_says_how_to_create_it(cluster, producers):
+    producer = producers()
+    with pytest.raises(
+        NoRouteError, match=r"knows no topic 'yz_never'.*topic/create\?topic=yz_never"
+    ):
+        producer.pub("yz_never", b"m")
+    future = producer.pub_async("yz_never", b"m")  # the same, in the Future
+    assert isinstance(future.exception(10), NoRouteError)
+
+
 def test_ordered_topic_published_without_a_partition_names_the_error(cluster):
     cluster.create_topic("yz_ord_direct", partitions=2, replica=1, ordered=True)
     cluster.create_channel("yz_ord_direct", "c")
