@@ -172,6 +172,24 @@ def test_a_topic_never_created_says_how_to_create_it(cluster, producers):
     assert isinstance(future.exception(10), NoRouteError)
 
 
+def test_the_topic_create_command_in_the_docs_makes_a_topic(cluster, producers):
+    """docs/youzan.rst's curl command, against the embedded cluster's lookupd."""
+    import re
+    from pathlib import Path
+
+    import requests
+
+    doc = (Path(__file__).parent.parent / "docs" / "youzan.rst").read_text()
+    url = re.search(r"curl -X POST '(http://[^']+)'", doc).group(1)  # type: ignore[union-attr]
+    url = url.replace("127.0.0.1:4161", cluster.lookupd.http_address).replace("orders", "yz_cli")
+    requests.post(url, timeout=10).raise_for_status()
+    cluster.create_channel("yz_cli", "ch")
+    producer = producers()
+    producer.pub("yz_cli", b"m", partition=1)  # two partitions, as the command said
+    with pytest.raises(ValueError, match="2 partitions"):
+        producer.pub("yz_cli", b"m", partition=2)
+
+
 def test_ordered_topic_published_without_a_partition_names_the_error(cluster):
     cluster.create_topic("yz_ord_direct", partitions=2, replica=1, ordered=True)
     cluster.create_channel("yz_ord_direct", "c")
