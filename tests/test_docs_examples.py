@@ -6,9 +6,11 @@ import os
 import re
 import threading
 
+import pytest
 import requests
 
 from nsqclient import Producer
+from nsqclient.testing.helpers import message_count, publish
 from nsqclient.testing.waiting import wait_for
 
 DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
@@ -94,3 +96,45 @@ def test_batching_with_is_starved_flushes_on_time_and_leaves_nothing_in_flight(n
     assert len(sizes) <= len(bodies) // 4, sizes
     stats = namespace["consumer"].stats()
     assert stats["finished"] == len(bodies) and stats["requeued"] == 0
+
+
+# docs/relay.rst's two relays run as printed, topic clicks -> clicks-copy on the broker.
+
+RELAY_TIMEOUT = 20.0
+
+
+@pytest.mark.parametrize("section", ["The pub_async relay", "The batching relay"])
+def test_relay_recipe_moves_every_message_once(nsqd, section):
+    node = nsqd.nsqd
+    source = code_block("relay.rst", section)
+    source = source.replace("http://127.0.0.1:4161", nsqd.lookupd.http_url)
+    source = source.replace('"127.0.0.1:4150"', repr(node.tcp_address))
+    total = 3000
+    publish(node, "clicks", [b"c%04d" % i for i in range(total)])
+    namespace: dict = {"__name__": "relay_example"}
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            exec(compile(source, "relay.rst", "exec"), namespace)
+        except BaseException as exc:
+            errors.append(exc)
+
+    program = threading.Thread(target=run, name="relay-example")
+    program.start()
+    try:
+        wait_for(lambda: message_count(node, "clicks-copy") >= total, RELAY_TIMEOUT)
+
+        def drained() -> bool:
+            c = channel_stats(nsqd, "clicks", "relay")
+            return c is not None and c["depth"] == 0 and c["in_flight_count"] == 0
+
+        wait_for(drained, RELAY_TIMEOUT)
+    finally:
+        wait_for(lambda: "consumer" in namespace, RELAY_TIMEOUT)
+        namespace["consumer"].stop(timeout=RELAY_TIMEOUT)
+        program.join(RELAY_TIMEOUT)
+    assert not program.is_alive() and errors == []
+    assert message_count(node, "clicks-copy") == total
+    stats = namespace["consumer"].stats()
+    assert (stats["finished"], stats["requeued"]) == (total, 0)
