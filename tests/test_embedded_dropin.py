@@ -69,7 +69,7 @@ def test_go_flag_syntax():
     ("argv", "text"),
     [
         (["--statsd-address=127.0.0.1:8125"], "flag provided but not defined: -statsd-address"),
-        (["--msg-timeout=60"], "invalid value '60' for flag -msg-timeout"),
+        (["--msg-timeout=60x"], "invalid value '60x' for flag -msg-timeout"),
         (["--max-rdy-count"], "flag needs an argument: -max-rdy-count"),
         (["--snappy", "false"], "unexpected argument 'false'"),
         (["---tcp-address=x"], "bad flag syntax"),

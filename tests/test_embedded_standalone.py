@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import requests
@@ -110,3 +112,130 @@ def test_standalone_serves_and_exits_cleanly_on_sigterm(standalone):
     text = log_path.read_text()
     for port in (tcp, http, ltcp, lhttp):
         assert f"127.0.0.1:{port}" in text
+
+
+def _start(args: list[str], stdout: object = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nsqclient.testing", *args],
+        stdout=stdout,  # type: ignore[arg-type]
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(TIMEOUT)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.mark.parametrize("which", ["tcp", "http", "lookupd-http"])
+def test_an_address_in_use_is_one_clear_line_and_exit_status_1(which):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken_port = busy.getsockname()[1]
+    taken = f"127.0.0.1:{taken_port}"
+    tcp, http, ltcp, lhttp = (f"127.0.0.1:{p}" for p in free_ports(4))
+    addresses = {"tcp": tcp, "http": http, "lookupd-http": lhttp}
+    addresses[which] = taken
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nsqclient.testing", "--tcp-address", addresses["tcp"],
+             "--http-address", addresses["http"], "--lookupd-tcp-address", ltcp,
+             "--lookupd-http-address", addresses["lookupd-http"]],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        busy.close()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "in use" in line]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].startswith("python -m nsqclient.testing: cannot start: ")
+    assert str(taken_port) in errors[0]
+    assert done.stdout == ""  # no server was announced
+
+
+def _identify_msg_timeout(tcp_address: str) -> int:
+    host, _, port = tcp_address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
+        sock.sendall(p.MAGIC_V2 + p.identify({"feature_negotiation": True}))
+        reply = frames(sock, p.FrameReader(), 1)[0]
+    assert reply.type == p.FRAME_TYPE_RESPONSE, reply
+    return int(json.loads(reply.data)["msg_timeout"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "ms"),
+    [
+        (["--msg-timeout", "1m30s"], 90000),
+        (["--msg-timeout", "45"], 45000),
+        (["nsqd", "--msg-timeout=75"], 75000),
+        (["nsqd", "-msg-timeout", "2500ms"], 2500),
+    ],
+)
+def test_msg_timeout_takes_go_durations_and_plain_seconds_in_both_modes(argv, ms):
+    tcp, http = (f"127.0.0.1:{port}" for port in free_ports(2))
+    if argv[0] == "nsqd":
+        argv = [*argv, f"--tcp-address={tcp}", f"--http-address={http}", "--https-address="]
+    else:
+        argv = [*argv, "--tcp-address", tcp, "--http-address", http]
+    proc = _start(argv)
+    try:
+        wait_for(
+            lambda: ping(f"http://{http}") or proc.poll() is not None,
+            timeout=20,
+            message="the server never answered /ping",
+        )
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert _identify_msg_timeout(tcp) == ms
+    finally:
+        _stop(proc)
+
+
+def test_youzan_mode_prints_every_address_lookupds_included():
+    tcp, http = (f"127.0.0.1:{port}" for port in free_ports(2))
+    proc = _start(
+        ["--youzan", "--nsqd-count", "2", "--lookupd-count", "2", "--log-level", "error",
+         "--tcp-address", tcp, "--http-address", http],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            lines.append(raw.decode().rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: (
+                any(line.startswith("lookupd HTTP addresses:") for line in lines)
+                or proc.poll() is not None
+            ),
+            timeout=20,
+            message=lambda: f"printed so far: {lines}",
+        )
+        assert proc.poll() is None, lines
+        assert lines[0] == f"nsqd: TCP {tcp} HTTP {http}"
+        lookupds = [line for line in lines if line.startswith("nsqlookupd: ")]
+        assert len(lookupds) == 2 and sum(line.startswith("nsqd: ") for line in lines) == 2
+        http_addresses = [line.rsplit(" HTTP ", 1)[1] for line in lookupds]
+        assert lines[-1] == "lookupd HTTP addresses: " + " ".join(
+            f"--lookupd-http-address {a}" for a in http_addresses
+        )
+        for address in http_addresses:  # what it prints is where the lookupds answer
+            assert ping(f"http://{address}")
+    finally:
+        _stop(proc)
+        reader.join(TIMEOUT)

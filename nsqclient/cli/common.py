@@ -7,8 +7,8 @@ Nothing here writes to stdout; errors meant for the user are raised as :class:`C
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
-import math
 import re
 import signal
 import socket
@@ -17,9 +17,12 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
+import requests
+
 from .. import __version__
-from ..config import OPTIONS, Config
+from ..config import OPTIONS, Config, check_owner
 from ..consumer import Consumer
+from ..durations import parse_duration
 from ..errors import HTTPError
 from ..http import LookupdClient, TopicNotFoundError
 from ..protocol import valid_channel_name, valid_topic_name
@@ -42,6 +45,9 @@ __all__ = [
     "add_count_flag",
     "add_lookupd_flag",
     "add_log_level_flag",
+    "add_version_flag",
+    "add_http_timeout_flags",
+    "TimeoutSession",
     "add_options_flag",
     "client_options",
     "user_agent",
@@ -74,46 +80,6 @@ class UsageError(CLIError):
 
 
 # ------------------------------------------------------------------------------ flag types
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from a Go duration (``"2s"``, ``"1m30s"``, ``"250ms"``) or a plain number of
-    seconds (``"2"``, ``"0.5"``).  Raises :class:`argparse.ArgumentTypeError` otherwise."""
-    text = text.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
-        return value
-    body = text[1:] if text[:1] in "+-" else text
-    pos = 0
-    total = 0.0
-    while pos < len(body):
-        match = _DURATION_PART.match(body, pos)
-        if match is None:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    if not body or pos != len(body):
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r} (use seconds like 2.5, or Go's form like 2s, 500ms, 1m30s)"
-        )
-    return -total if text.startswith("-") else total
 
 
 def _positive(value: _N, text: str) -> _N:
@@ -211,25 +177,29 @@ def add_nsqd_tcp_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
     )
 
 
-def add_topics_flag(parser: argparse.ArgumentParser) -> None:
-    """``--topic``, required, may be given multiple times (into ``args.topics``)."""
+def add_topics_flag(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--topic``, may be given multiple times (into ``args.topics``, [] when not given)."""
     parser.add_argument(
         "--topic",
         dest="topics",
         action="append",
         type=topic_name,
-        required=True,
+        required=required,
+        default=None if required else [],
         metavar="TOPIC",
         help="NSQ topic (may be given multiple times)",
     )
 
 
 def add_source_flags(
-    parser: argparse.ArgumentParser, channel_default: str | None, channel_help: str
+    parser: argparse.ArgumentParser,
+    channel_default: str | None,
+    channel_help: str,
+    topic_required: bool = True,
 ) -> None:
     """What a consuming tool reads: ``--topic`` (repeatable), ``--channel``,
     ``--nsqd-tcp-address`` and ``--lookupd-http-address``."""
-    add_topics_flag(parser)
+    add_topics_flag(parser, topic_required)
     parser.add_argument("--channel", type=channel_name, default=channel_default, help=channel_help)
     add_nsqd_tcp_flag(parser, "nsqd TCP address")
     add_lookupd_flag(parser)
@@ -258,6 +228,53 @@ def add_lookupd_flag(
         metavar="HOST:PORT",
         help=help_text + " (may be given multiple times)",
     )
+
+
+def add_version_flag(parser: argparse.ArgumentParser, tool: str) -> None:
+    """``--version`` (``-version`` too, as the Go tools spell it): print it and exit 0."""
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"nsqclient {tool} {__version__}",
+        help="print the version and exit",
+    )
+
+
+def add_http_timeout_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--http-client-connect-timeout`` and ``--http-client-request-timeout`` (Go's names and
+    defaults: 2s and 5s) for the HTTP requests of ``what``."""
+    parser.add_argument(
+        "--http-client-connect-timeout",
+        type=positive_duration,
+        default=2.0,
+        metavar="DURATION",
+        help=f"timeout for connecting to {what} (default: 2s)",
+    )
+    parser.add_argument(
+        "--http-client-request-timeout",
+        type=positive_duration,
+        default=5.0,
+        metavar="DURATION",
+        help=f"timeout for {what} to answer a request, once connected (default: 5s)",
+    )
+
+
+class TimeoutSession(requests.Session):
+    """A requests session that gives every request ``connect_timeout`` to connect and the
+    timeout the request was made with (the HTTP clients' single timeout) for each read.
+
+    The clients of :mod:`nsqclient.http` take one timeout for both; the Go tools' flags keep
+    them apart, and a session passed to those clients is how the CLI does too."""
+
+    def __init__(self, connect_timeout: float):
+        super().__init__()
+        self.connect_timeout = connect_timeout
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
+        timeout = kwargs.get("timeout")
+        if isinstance(timeout, int | float):
+            kwargs["timeout"] = (self.connect_timeout, timeout)
+        return super().request(method, url, *args, **kwargs)
 
 
 def add_log_level_flag(parser: argparse.ArgumentParser) -> None:
@@ -306,26 +323,54 @@ def _option_value(name: str, text: str) -> Any:
     return text
 
 
-def client_options(pairs: Sequence[str], **defaults: Any) -> dict[str, Any]:
+_OPTION_FLAGS = {"Consumer": "--consumer-opt", "Producer": "--producer-opt"}
+_PAIR = re.compile(r"^\s*([^\s,=]+)\s*[,=](.*)$", re.S)
+
+
+def _unknown_option(name: str, owner: str | None) -> UsageError:
+    """The usage error for an option name that is not one: with the closest name (a dash for an
+    underscore and capitals are the usual slips) and, when that one belongs to the other class,
+    a word saying so."""
+    normal = name.replace("-", "_").lower()
+    if normal in OPTIONS:
+        close = [normal]
+    else:
+        close = difflib.get_close_matches(normal, OPTIONS, n=1, cutoff=0.7)
+    text = f"unknown option {name!r}"
+    if close:
+        text += f"; did you mean {close[0]!r}?"
+        other = OPTIONS[close[0]].owner
+        if owner is not None and other is not None and other != owner:
+            text += f" (a {other} option, which {_OPTION_FLAGS[owner]} does not take)"
+    return UsageError(text)
+
+
+def client_options(
+    pairs: Sequence[str], owner: str | None = None, **defaults: Any
+) -> dict[str, Any]:
     """Options for Consumer/Producer from ``NAME,VALUE`` (go-nsq's form) or ``NAME=VALUE``
     strings, over ``defaults``; validated with :class:`~nsqclient.config.Config` so that a bad
-    name or value is a usage error naming it."""
+    name or value is a usage error naming it.  With ``owner`` (``"Consumer"`` or
+    ``"Producer"``) an option only the other class takes is a usage error too (see
+    :func:`~nsqclient.config.check_owner`)."""
     options = dict(defaults)
     for pair in pairs:
-        match = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*[,=](.*)$", pair, re.S)
+        match = _PAIR.match(pair)
         if match is None:
-            raise UsageError(f"option {pair!r}: expected NAME,VALUE or NAME=VALUE")
-        name = match.group(1).replace("-", "_")
+            name = pair.strip()
+            missing = " (the value is missing)" if name.replace("-", "_").lower() in OPTIONS else ""
+            raise UsageError(f"option {pair!r}: expected NAME,VALUE or NAME=VALUE{missing}")
+        name = match.group(1)
         if name not in OPTIONS:
-            try:
-                Config(**{name: None})
-            except TypeError as exc:
-                raise UsageError(str(exc)) from None
+            raise _unknown_option(name, owner)
         options[name] = _option_value(name, match.group(2).strip())
     try:
+        if owner is not None:
+            check_owner(options, owner)
         Config(**options)
     except (TypeError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+        flag = _OPTION_FLAGS.get(owner or "")
+        raise UsageError(f"{flag}: {exc}" if flag else str(exc)) from None
     return options
 
 
@@ -446,14 +491,23 @@ def check_nsqd_reachable(addresses: Sequence[str], timeout: float) -> None:
         raise CLIError("cannot connect to nsqd " + "; ".join(failures))
 
 
-def check_lookupd_reachable(addresses: Sequence[str], topic: str, timeout: float) -> None:
+def check_lookupd_reachable(
+    addresses: Sequence[str],
+    topic: str | None,
+    timeout: float,
+    session: requests.Session | None = None,
+) -> None:
     """Raise CLIError when no nsqlookupd in ``addresses`` answers a lookup of ``topic`` (an
-    unknown topic is an answer: nsqd may create it later)."""
+    unknown topic is an answer: nsqd may create it later), or, for ``topic`` None, a listing
+    of the topics."""
     failures = []
     for address in addresses:
         try:
-            with LookupdClient(address, timeout=timeout) as lookupd:
-                lookupd.lookup(topic)
+            with LookupdClient(address, timeout=timeout, session=session) as lookupd:
+                if topic is None:
+                    lookupd.topics()
+                else:
+                    lookupd.lookup(topic)
             return
         except TopicNotFoundError:
             return
@@ -474,23 +528,37 @@ def check_sources(args: argparse.Namespace) -> None:
             raise UsageError(f"--lookupd-http-address: {exc}") from None
 
 
-def check_reachable(args: argparse.Namespace, options: dict[str, Any], topic: str) -> None:
+def check_reachable(
+    args: argparse.Namespace,
+    options: dict[str, Any],
+    topic: str | None,
+    session: TimeoutSession | None = None,
+) -> None:
     """The consuming tools' preflight: each --nsqd-tcp-address and --lookupd-http-address
     given must answer (within the dial timeout of ``options`` and a second; lookupd gets
-    four more), see :func:`check_nsqd_reachable` and :func:`check_lookupd_reachable`."""
+    four more, or, with ``session``, the tool's --http-client-*-timeout), see
+    :func:`check_nsqd_reachable` and :func:`check_lookupd_reachable`."""
     timeout = float(options.get("dial_timeout", 1.0)) + 1.0
     if args.nsqd_tcp_addresses:
         check_nsqd_reachable(args.nsqd_tcp_addresses, timeout)
     if args.lookupd_http_addresses:
-        check_lookupd_reachable(args.lookupd_http_addresses, topic, timeout + 4.0)
+        lookupd_timeout = timeout + 4.0
+        if session is not None:
+            lookupd_timeout = args.http_client_request_timeout
+        check_lookupd_reachable(args.lookupd_http_addresses, topic, lookupd_timeout, session)
 
 
-def run_until_stopped(stop: threading.Event, consumers: Sequence[Consumer]) -> str | None:
+def run_until_stopped(
+    stop: threading.Event,
+    consumers: Sequence[Consumer] | Callable[[], Sequence[Consumer]],
+) -> str | None:
     """Wait until ``stop`` is set (a signal, or the work is done) or a consumer stops by
     itself (e.g. an ordered topic subscribed without --ordered); the error text of the
-    consumers that did, or None."""
+    consumers that did, or None.  ``consumers`` may be a function giving the current ones
+    (a tool that adds consumers while it runs)."""
     while not stop.wait(0.5):
-        failed = [str(c.error) for c in consumers if c.error is not None]
+        current = consumers() if callable(consumers) else consumers
+        failed = [str(c.error) for c in current if c.error is not None]
         if failed:
             return "; ".join(failed)
     return None

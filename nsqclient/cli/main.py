@@ -43,13 +43,27 @@ def _long_options(parser: argparse.ArgumentParser) -> set[str]:
     return names
 
 
+def _before_command(argv: Sequence[str], command: str, unknown: Sequence[str]) -> bool:
+    """Whether the first of the ``unknown`` arguments comes before the subcommand's name (a
+    top-level flag that does not exist rather than a subcommand's)."""
+    try:
+        return argv.index(unknown[0]) < argv.index(command)
+    except ValueError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``nsqclient`` with ``argv`` (default: the process's arguments); return the exit
     status: 0 success, 1 failure, 2 usage error (argparse exits with 2 by itself),
     128+signal for ``pub`` interrupted before the end of its input."""
     parser = build_parser()
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(go_style_flags(args_list, _long_options(parser)))
+    args_list = go_style_flags(list(sys.argv[1:] if argv is None else argv), _long_options(parser))
+    args, unknown = parser.parse_known_args(args_list)
+    if unknown:
+        # argparse reports what a subcommand did not know with the top-level usage; the
+        # subcommand's usage is the one that lists the flags that could have been meant.
+        where = parser if _before_command(args_list, args.command, unknown) else args.subparser
+        where.error(f"unrecognized arguments: {' '.join(unknown)}")
     command = args.command
     try:
         return int(args.run(args))

@@ -16,6 +16,7 @@ import logging
 import os
 import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from .common import (
     add_lookupd_flag,
     add_nsqd_tcp_flag,
     add_options_flag,
+    add_version_flag,
     client_options,
     non_negative_int,
     setup_logging,
@@ -40,7 +42,16 @@ from .common import (
     user_agent,
 )
 
-__all__ = ["add_parser", "run", "parse_delimiter", "split_records", "batches", "Pacer"]
+__all__ = [
+    "add_parser",
+    "run",
+    "parse_delimiter",
+    "split_records",
+    "batches",
+    "Pacer",
+    "Summary",
+    "count_rest",
+]
 
 logger = logging.getLogger("nsqclient.cli.pub")
 
@@ -98,6 +109,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_options_flag(p, "--producer-opt", "Producer")
     add_log_level_flag(p)
+    add_version_flag(p, "pub")
     p.set_defaults(run=run, subparser=p)
     return p
 
@@ -192,25 +204,62 @@ def _read_chunks(fd: int, stop: threading.Event) -> Iterator[bytes]:
         yield chunk
 
 
-class _Summary:
-    def __init__(self) -> None:
+class Summary:
+    """What ``pub`` did, for the line it prints at the end."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
         self.published = 0
+        #: messages of the batch whose publish failed
         self.failed = 0
         self.skipped = 0
-        self.started = time.monotonic()
+        #: messages never sent after the failed batch (or after a stop by a signal)
+        self.after = 0
+        #: whether ``after`` counts the input to its end (False: the rest was not read)
+        self.after_complete = True
+        self.started = clock()
         self.error: str | None = None
 
+    @property
+    def not_sent(self) -> int:
+        """Messages of the input that were not published: the failed batch and those after."""
+        return self.failed + self.after
+
     def line(self, topic: str, nsqd_count: int, interrupted: str | None) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        elapsed = max(self.clock() - self.started, 1e-9)
         rate = self.published / elapsed
         text = (
             f"nsqclient pub: published {self.published} messages to {topic!r} "
             f"({nsqd_count} nsqd) in {elapsed:.2f}s, {rate:.0f} msgs/s; "
             f"failed {self.failed}, empty skipped {self.skipped}"
         )
+        if not (self.error or interrupted):
+            return text
+        at_least = "" if self.after_complete else "at least "
+        text += f"; not sent {at_least}{self.not_sent}"
+        if self.error:
+            text += f" (the failed batch of {self.failed} and {at_least}{self.after} after it)"
         if interrupted:
             text += f"; stopped by {interrupted} before the end of the input"
+        if not self.after_complete:
+            text += "; the rest of the input was not read"
         return text
+
+
+def count_rest(records: Iterator[list[bytes]], stop: threading.Event) -> tuple[int, bool]:
+    """The messages (non-empty records) left in ``records``, and whether that is all of them
+    (False when ``stop`` was set before their end)."""
+    count = 0
+    for chunk in records:
+        count += sum(1 for r in chunk if r)
+    return count, not stop.is_set()
+
+
+def _is_regular_file(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _publish(producers: list[Producer], topic: str, batch: list[bytes], **where: Any) -> str | None:
@@ -242,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     if args.partition is not None:
         where["partition"] = args.partition
     delimiter = parse_delimiter(args.delimiter)
-    options = client_options(args.client_options, user_agent=user_agent("pub"))
+    options = client_options(args.client_options, "Producer", user_agent=user_agent("pub"))
     if args.file == "-":
         fd = sys.stdin.fileno()
         close_fd = False
@@ -257,25 +306,34 @@ def run(args: argparse.Namespace) -> int:
     producers = [Producer(address, **options) for address in addresses]
     if args.lookupd_http_addresses:
         producers.append(Producer(lookupd_http_addresses=args.lookupd_http_addresses, **options))
-    summary = _Summary()
+    summary = Summary()
     signals = StopSignals()
     try:
         with signals:
             pacer = Pacer(args.rate, signals.event)
             limit = pacer.batch_limit(args.batch_size)
-            for records in split_records(_read_chunks(fd, signals.event), delimiter):
+            records_read = split_records(_read_chunks(fd, signals.event), delimiter)
+            for records in records_read:
                 bodies = [r for r in records if r]
                 summary.skipped += len(records) - len(bodies)
+                done = 0
                 for batch in batches(bodies, limit):
                     if not pacer.wait(summary.published):
                         break
                     error = _publish(producers, args.topic, batch, **where)
+                    done += len(batch)
                     if error is not None:
                         summary.failed += len(batch)
                         summary.error = error
                         break
                     summary.published += len(batch)
                 if summary.error or signals.event.is_set():
+                    summary.after = len(bodies) - done
+                    # A file's rest is counted (it ends); a pipe's may never end: not read.
+                    summary.after_complete = False
+                    if summary.error and _is_regular_file(fd):
+                        rest, summary.after_complete = count_rest(records_read, signals.event)
+                        summary.after += rest
                     break
     finally:
         for producer in producers:

@@ -26,9 +26,12 @@ from ..http import LookupdClient, NsqdHTTPClient, TopicNotFoundError
 from .common import (
     CLIError,
     StopSignals,
+    TimeoutSession,
     UsageError,
+    add_http_timeout_flags,
     add_log_level_flag,
     add_lookupd_flag,
+    add_version_flag,
     channel_name,
     describe_error,
     positive_duration,
@@ -80,14 +83,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="print N rows and exit (default: until stopped)",
     )
-    p.add_argument(
-        "--http-client-request-timeout",
-        type=positive_duration,
-        default=5.0,
-        metavar="DURATION",
-        help="timeout of each HTTP request, connect and each read (default: 5s)",
-    )
+    add_http_timeout_flags(p, "nsqd and nsqlookupd")
     add_log_level_flag(p)
+    add_version_flag(p, "stat")
     p.set_defaults(run=run, subparser=p)
     return p
 
@@ -163,15 +161,23 @@ class _Source:
         lookupd_addresses: Sequence[str],
         nsqd_addresses: Sequence[str],
         timeout: float,
+        connect_timeout: float,
     ):
         self.timeout = timeout
-        self.lookupds = [LookupdClient(a, timeout=timeout) for a in lookupd_addresses]
-        self.fixed = [NsqdHTTPClient(a, timeout=timeout) for a in nsqd_addresses]
+        self.session = TimeoutSession(connect_timeout)
+        try:
+            self.lookupds = [self._client(LookupdClient, a) for a in lookupd_addresses]
+            self.fixed = [self._client(NsqdHTTPClient, a) for a in nsqd_addresses]
+        except ValueError:
+            self.session.close()
+            raise
         self.found: dict[str, NsqdHTTPClient] = {}
 
+    def _client(self, kind: Any, address: str) -> Any:
+        return kind(address, timeout=self.timeout, session=self.session)
+
     def close(self) -> None:
-        for client in [*self.lookupds, *self.fixed, *self.found.values()]:
-            client.close()
+        self.session.close()
 
     def nsqd(self, topic: str) -> list[NsqdHTTPClient]:
         if not self.lookupds:
@@ -196,7 +202,7 @@ class _Source:
         if not addresses:
             raise CLIError(f"topic {topic!r} not found: no nsqd has it according to nsqlookupd")
         for address in addresses - self.found.keys():
-            self.found[address] = NsqdHTTPClient(address, timeout=self.timeout)
+            self.found[address] = self._client(NsqdHTTPClient, address)
         return [self.found[a] for a in sorted(addresses)]
 
     def totals(self, topic: str, channel: str) -> ChannelTotals:
@@ -225,7 +231,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise UsageError("use --nsqd-http-address or --lookupd-http-address, not both")
     try:
         source = _Source(
-            args.lookupd_http_addresses, args.nsqd_http_addresses, args.http_client_request_timeout
+            args.lookupd_http_addresses,
+            args.nsqd_http_addresses,
+            args.http_client_request_timeout,
+            args.http_client_connect_timeout,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -27,6 +27,7 @@ from .common import (
     add_log_level_flag,
     add_options_flag,
     add_source_flags,
+    add_version_flag,
     check_reachable,
     check_sources,
     client_options,
@@ -89,6 +90,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_options_flag(p, "--consumer-opt", "Consumer")
     add_log_level_flag(p)
+    add_version_flag(p, "tail")
     p.set_defaults(run=run, subparser=p)
     return p
 
@@ -203,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         max_in_flight = args.total  # ask for no more than we will print
     options = client_options(
         args.client_options,
+        "Consumer",
         max_in_flight=max_in_flight,
         max_tries=0,  # print every message, however often it was delivered before
         user_agent=user_agent("tail"),

@@ -13,34 +13,47 @@ File names come from ``--filename-format`` (``<TOPIC>``, ``<HOST>``, ``<PID>``, 
 ``<REV>``), as with ``nsq_to_file``.  A file is rotated when ``<DATETIME>`` changes, after
 ``--rotate-interval``, or when it grows past ``--rotate-size`` bytes (with gzip, the bytes before
 compression, as ``nsq_to_file`` counts them); ``<REV>`` (``-000000``,
-``-000001``...) keeps names unique and is required with gzip or rotation.  Without them the same
-file is appended to across restarts.
+``-000001``...) keeps names unique and is required with gzip, rotation or ``--work-dir``.
+Without them the same file is appended to across restarts.  With ``--work-dir``, files are
+written there and moved to ``--output-dir`` (same name, or the next free ``<REV>``) once closed,
+so that the output directory only ever holds finished files.
+
+The topics are the ``--topic`` given or, with ``--topic-pattern`` and no ``--topic``, those
+nsqlookupd lists (see :mod:`.topic_discovery`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import errno
 import gzip
 import logging
 import os
 import queue
+import shutil
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from ..consumer import Consumer
+from ..http import LookupdClient
 from ..message import Message
 from .common import (
     CLIError,
     StopSignals,
+    TimeoutSession,
     UsageError,
     add_count_flag,
+    add_http_timeout_flags,
     add_log_level_flag,
     add_options_flag,
     add_source_flags,
+    add_version_flag,
     check_reachable,
     check_sources,
     client_options,
@@ -51,6 +64,7 @@ from .common import (
     setup_logging,
     user_agent,
 )
+from .topic_discovery import TopicDiscoverer, topic_matcher
 
 __all__ = ["add_parser", "run", "filename_format", "OutputFile", "TopicArchiver"]
 
@@ -68,9 +82,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Write the messages of one or more topics to files in a directory, one "
         "message a line; a message is finished only after its line is fsynced.",
     )
-    add_source_flags(p, "nsq_to_file", "NSQ channel (default: nsq_to_file)")
+    add_source_flags(p, "nsq_to_file", "NSQ channel (default: nsq_to_file)", topic_required=False)
+    p.add_argument(
+        "--topic-pattern",
+        default=None,
+        metavar="REGEX",
+        help="archive only the topics this regular expression matches (searched anywhere in "
+        "the name); without --topic, every matching topic nsqlookupd lists",
+    )
+    p.add_argument(
+        "--topic-refresh",
+        type=positive_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="without --topic: how often to ask nsqlookupd for new topics (default: 1m)",
+    )
     p.add_argument(
         "--output-dir", default="/tmp", help="directory to write files to (default: /tmp)"
+    )
+    p.add_argument(
+        "--work-dir",
+        default=None,
+        metavar="DIR",
+        help="directory for the files being written; each is moved to --output-dir once "
+        "closed (default: --output-dir itself)",
     )
     p.add_argument(
         "--filename-format",
@@ -127,8 +162,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=200,
         help="messages received and not yet finished, at most (default: 200)",
     )
+    add_http_timeout_flags(p, "nsqlookupd (listing topics)")
     add_options_flag(p, "--consumer-opt", "Consumer")
     add_log_level_flag(p)
+    add_version_flag(p, "to-file")
     p.set_defaults(run=run, subparser=p)
     return p
 
@@ -142,10 +179,12 @@ def filename_format(
     needs_rev: bool,
 ) -> str:
     """``fmt`` with ``<TOPIC>``, ``<HOST>``, ``<PID>`` replaced (``<DATETIME>`` and ``<REV>``
-    stay for each file).  ``<REV>`` is required when ``needs_rev`` (gzip or rotation) and
-    removed otherwise; gzip adds ``.gz`` when missing."""
+    stay for each file).  ``<REV>`` is required when ``needs_rev`` (gzip, rotation or a work
+    directory) and removed otherwise; gzip adds ``.gz`` when missing."""
     if "<REV>" not in fmt and needs_rev:
-        raise UsageError("--filename-format needs <REV> when --gzip or rotation is used")
+        raise UsageError(
+            "--filename-format needs <REV> when --gzip, rotation or --work-dir is used"
+        )
     if not needs_rev:
         fmt = fmt.replace("<REV>", "")
     fmt = fmt.replace("<TOPIC>", topic).replace("<HOST>", host).replace("<PID>", str(pid))
@@ -170,6 +209,32 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def move_exclusive(src: str, dst: str) -> None:
+    """Move the closed file ``src`` to ``dst``, which must not exist (FileExistsError
+    otherwise, and ``src`` stays): a hard link then an unlink, or, across file systems, a copy
+    to a new ``dst`` (fsynced) then an unlink.  ``dst``'s directory is fsynced."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        try:
+            with open(src, "rb") as source, open(dst, "xb") as target:
+                shutil.copyfileobj(source, target, 1024 * 1024)
+                target.flush()
+                os.fsync(target.fileno())
+        except FileExistsError:
+            raise
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(dst)
+            raise
+    _fsync_dir(os.path.dirname(dst) or ".")
+    os.unlink(src)
 
 
 class OutputFile:
@@ -252,6 +317,9 @@ class TopicArchiver:
         self.topic = topic
         self.fmt = fmt
         self.output_dir = args.output_dir
+        #: where files are written while open (moved to output_dir when closed)
+        self.work_dir = args.work_dir or args.output_dir
+        self.moves = not _same_dir(self.work_dir, self.output_dir)
         self.datetime_format = args.datetime_format
         self.rotate_interval = args.rotate_interval
         self.rotate_size = args.rotate_size
@@ -279,6 +347,7 @@ class TopicArchiver:
         self._file: OutputFile | None = None
         self._filename = ""
         self._rev = 0
+        self._file_rev = 0
         self._opened_at = 0.0
         self._pending: list[Message] = []
         self._oldest_pending = 0.0
@@ -339,10 +408,11 @@ class TopicArchiver:
                 item.requeue(delay=0, backoff=False)
                 self.requeued += 1
         if self._file is not None:
+            path = self._file.path
             try:
-                self._file.close()
-            except OSError:
-                pass
+                self._close_file()
+            except OSError as exc:
+                logger.error("[%s] closing %s failed: %s", self.topic, path, exc)
             self._file = None
         self.failed.set()
 
@@ -417,7 +487,11 @@ class TopicArchiver:
             self._rev += 1
         self._filename = name
         while True:
-            path = os.path.join(self.output_dir, name.replace("<REV>", f"-{self._rev:06d}"))
+            relative = name.replace("<REV>", f"-{self._rev:06d}")
+            if self.moves and os.path.lexists(os.path.join(self.output_dir, relative)):
+                self._rev += 1  # its name is taken where it would be moved to
+                continue
+            path = os.path.join(self.work_dir, relative)
             directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
             existed = os.path.exists(path)
@@ -435,31 +509,83 @@ class TopicArchiver:
             _fsync_dir(directory)  # the new name itself must survive a crash
         logger.info("[%s] writing to %s", self.topic, path)
         self._file = out
+        self._file_rev = self._rev
         self._opened_at = now
-        if path not in self.files:
+        if not self.moves and path not in self.files:
             self.files.append(path)
 
     def _close_file(self) -> None:
-        if self._file is not None:
-            file, self._file = self._file, None
-            file.close()
+        if self._file is None:
+            return
+        file, self._file = self._file, None
+        file.close()
+        if self.moves:
+            self._move_to_output(file.path)
+
+    def _move_to_output(self, path: str) -> None:
+        """Move the closed file ``path`` from the work directory to the output directory under
+        the same name, or the next free <REV> when that one was taken meanwhile."""
+        rev = self._file_rev
+        while True:
+            relative = self._filename.replace("<REV>", f"-{rev:06d}")
+            target = os.path.join(self.output_dir, relative)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            try:
+                move_exclusive(path, target)
+            except FileExistsError:
+                logger.warning("[%s] %s exists already: trying the next <REV>", self.topic, target)
+                rev += 1
+                continue
+            break
+        logger.info("[%s] moved %s to %s", self.topic, path, target)
+        self.files.append(target)
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+
+
+def _writable_dir(flag: str, path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"cannot create {flag} {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise CLIError(f"cannot write to {flag} {path}")
+
+
+def _check_topic_flags(args: argparse.Namespace) -> None:
+    """nsq_to_file's rules: --topic or --topic-pattern; without --topic the topics come from
+    nsqlookupd."""
+    if not args.topics and not args.topic_pattern:
+        raise UsageError("--topic or --topic-pattern required")
+    if not args.topics and not args.lookupd_http_addresses:
+        raise UsageError(
+            "--topic-pattern without --topic needs --lookupd-http-address (to list the topics)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     check_sources(args)
-    try:
-        os.makedirs(args.output_dir, exist_ok=True)
-    except OSError as exc:
-        raise CLIError(f"cannot create --output-dir {args.output_dir}: {exc.strerror}") from None
-    if not os.access(args.output_dir, os.W_OK):
-        raise CLIError(f"cannot write to --output-dir {args.output_dir}")
+    _check_topic_flags(args)
+    allowed = topic_matcher(args.topic_pattern)
+    topics = [t for t in dict.fromkeys(args.topics) if allowed(t)]
+    if args.topics and not topics:
+        raise UsageError(f"no --topic matches --topic-pattern {args.topic_pattern!r}")
+    for topic in dict.fromkeys(args.topics):
+        if topic not in topics:
+            logger.warning("skipping topic %s: it does not match --topic-pattern", topic)
+    _writable_dir("--output-dir", args.output_dir)
+    if args.work_dir:
+        _writable_dir("--work-dir", args.work_dir)
     try:
         datetime.datetime.now().strftime(args.datetime_format)
     except ValueError as exc:
         raise UsageError(f"--datetime-format: {exc}") from None
     options = client_options(
         args.client_options,
+        "Consumer",
         max_in_flight=args.max_in_flight,
         max_tries=0,  # never finish a message without writing it
         user_agent=user_agent("to-file"),
@@ -470,25 +596,52 @@ def run(args: argparse.Namespace) -> int:
             f"--sync-interval ({args.sync_interval:g}s) must be shorter than the msg_timeout "
             f"({msg_timeout:g}s), or nsqd redelivers messages waiting for their sync"
         )
-    needs_rev = bool(args.gzip or args.rotate_interval or args.rotate_size)
+    moves = bool(args.work_dir) and not _same_dir(args.work_dir, args.output_dir)
+    needs_rev = bool(args.gzip or args.rotate_interval or args.rotate_size or moves)
     host = host_identifier(args.host_identifier)
-    topics = list(dict.fromkeys(args.topics))
-    formats = {
-        t: filename_format(args.filename_format, t, host, os.getpid(), args.gzip, needs_rev)
-        for t in topics
-    }
-    check_reachable(args, options, topics[0])
 
+    def fmt(topic: str) -> str:
+        return filename_format(args.filename_format, topic, host, os.getpid(), args.gzip, needs_rev)
+
+    for topic in topics or ["topic"]:
+        fmt(topic)  # a bad --filename-format is a usage error now, not a log line later
+    session = TimeoutSession(args.http_client_connect_timeout)
+    try:
+        check_reachable(args, options, topics[0] if topics else None, session)
+        return _archive(args, topics, allowed, fmt, options, session)
+    finally:
+        session.close()
+
+
+def _archive(
+    args: argparse.Namespace,
+    topics: list[str],
+    allowed: Callable[[str], bool],
+    fmt: Callable[[str], str],
+    options: dict[str, Any],
+    session: TimeoutSession,
+) -> int:
+    """Run the archivers of ``topics`` (or, without, of the topics discovered) until a signal
+    or a failure; print a summary a topic; the exit status."""
     signals = StopSignals()
-    archivers = [
-        TopicArchiver(t, args.channel, formats[t], args, options, signals.event) for t in topics
-    ]
+
+    def make(topic: str) -> TopicArchiver:
+        return TopicArchiver(topic, args.channel, fmt(topic), args, options, signals.event)
+
+    lookupds = []
+    if not topics:
+        timeout = args.http_client_request_timeout
+        lookupds = [
+            LookupdClient(a, timeout=timeout, session=session) for a in args.lookupd_http_addresses
+        ]
+    discoverer = TopicDiscoverer(make, allowed, lookupds, args.topic_refresh)
     with signals:
         try:
-            for archiver in archivers:
-                archiver.start()
-            stopped = run_until_stopped(signals.event, [a.consumer for a in archivers])
+            discoverer.start(topics)
+            stopped = run_until_stopped(signals.event, discoverer.consumers)
         finally:
+            per_lookupd = args.http_client_connect_timeout + args.http_client_request_timeout
+            archivers = discoverer.close(per_lookupd * max(len(lookupds), 1) + 1.0)
             for archiver in archivers:
                 archiver.begin_close()
             for archiver in archivers:
@@ -498,6 +651,8 @@ def run(args: argparse.Namespace) -> int:
     errors = [a.error for a in archivers if a.error]
     if stopped is not None:
         errors.append(stopped)
+    if not archivers:
+        print("nsqclient to-file: no topic matched --topic-pattern", file=sys.stderr)
     for archiver in archivers:
         print(
             f"nsqclient to-file: {archiver.topic}: wrote {archiver.written} messages "

@@ -24,18 +24,11 @@ import signal
 import sys
 import threading
 
+from ..durations import parse_duration
 from .cli import nsqd_main, nsqlookupd_main
 from .cluster import EmbeddedNSQ
 
 log = logging.getLogger("nsqclient.testing")
-
-
-def _duration(text: str) -> float:
-    """Seconds from ``1.5``, ``1500ms``, ``2s``, ``1m``, ``1h``."""
-    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    return float(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,10 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     return combined_main(args)
 
 
-def combined_main(argv: list[str]) -> int:
-    """The combined mode: parse arguments, run the cluster until a signal."""
+PROG = "python -m nsqclient.testing"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The combined mode's command line."""
     parser = argparse.ArgumentParser(
-        prog="python -m nsqclient.testing",
+        prog=PROG,
         description="Run an embedded nsqd (+ nsqlookupd) until SIGINT/SIGTERM.  For one server"
         " with the real binary's flags, run 'python -m nsqclient.testing nsqd -help' or"
         " '... nsqlookupd -help' instead.",
@@ -83,11 +79,11 @@ def combined_main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--msg-timeout",
-        type=_duration,
+        type=parse_duration,
         default=None,
         metavar="DURATION",
-        help="default time nsqd waits for FIN/REQ/TOUCH: seconds, or 1500ms / 2s / 1m / 1h"
-        " (default nsqd's 60s)",
+        help="default time nsqd waits for FIN/REQ/TOUCH: seconds (60), or a Go duration"
+        " (1500ms, 1m30s) (default nsqd's 60s)",
     )
     parser.add_argument(
         "--max-rdy-count",
@@ -119,6 +115,23 @@ def combined_main(argv: list[str]) -> int:
     parser.add_argument(
         "--lookupd-count", type=int, default=1, metavar="LOOKUPDS", help="lookupds (youzan mode)"
     )
+    return parser
+
+
+def describe(cluster: EmbeddedNSQ) -> list[str]:
+    """Where the servers of a started ``cluster`` listen, a line each, and, when there are
+    nsqlookupds, the --lookupd-http-address flags a client (or ``nsqclient``) takes."""
+    lines = [f"nsqd: TCP {n.tcp_address} HTTP {n.http_address}" for n in cluster.nsqds]
+    lines += [f"nsqlookupd: TCP {lk.tcp_address} HTTP {lk.http_address}" for lk in cluster.lookupds]
+    if cluster.lookupds:
+        flags = " ".join(f"--lookupd-http-address {lk.http_address}" for lk in cluster.lookupds)
+        lines.append(f"lookupd HTTP addresses: {flags}")
+    return lines
+
+
+def combined_main(argv: list[str]) -> int:
+    """The combined mode: parse arguments, run the cluster until a signal."""
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -162,11 +175,14 @@ def combined_main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    cluster.start()
-    for node in cluster.nsqds:
-        log.info("nsqd: TCP %s HTTP %s", node.tcp_address, node.http_address)
-    for lookupd in cluster.lookupds:
-        log.info("nsqlookupd: TCP %s HTTP %s", lookupd.tcp_address, lookupd.http_address)
+    try:
+        cluster.start()  # closes what it started when it fails
+    except OSError as exc:  # an address in use, or not ours
+        print(f"{PROG}: cannot start: {exc}", file=sys.stderr)
+        return 1
+    for line in describe(cluster):
+        log.info("%s", line)
+        print(line, flush=True)  # on stdout whatever the log level: a script can read it
     try:
         while not stop.wait(1.0):
             pass

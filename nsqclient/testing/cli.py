@@ -4,7 +4,8 @@
 Each takes the real binary's flags with their meanings and units, in Go's flag syntax: ``-flag``
 or ``--flag``, ``-flag=value`` or ``-flag value`` (booleans only as ``-flag`` or
 ``-flag=false``), durations as Go writes them (``60s``, ``1m30s``, ``250ms``), repeatable flags
-given several times.  A flag the embedded server does not implement is refused with exit status
+given several times.  A duration may also be a plain number of seconds (``60``), which the real
+binaries refuse.  A flag the embedded server does not implement is refused with exit status
 2, never ignored; ``-help`` lists every flag it does implement.  SIGINT or SIGTERM stops the
 server cleanly (exit status 0), saving its data path if it has one.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import signal
 import socket
 import sys
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
+from ..durations import parse_duration
 from .gostyle import VERSION
 from .lookupd import Lookupd
 from .nsqd import NSQD
@@ -38,17 +39,6 @@ __all__ = [
 
 log = logging.getLogger("nsqclient.testing.cli")
 
-_DURATION_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 _LOG_LEVELS = {
@@ -65,25 +55,10 @@ class FlagError(ValueError):
 
 
 def go_duration_seconds(text: str) -> float:
-    """Seconds in a Go duration string (``time.ParseDuration``: ``1h2m3.5s``, ``250ms``, ``0``)."""
-    s = text
-    sign = 1.0
-    if s[:1] in "+-" and s:
-        sign = -1.0 if s[0] == "-" else 1.0
-        s = s[1:]
-    if s == "0":
-        return 0.0
-    if not s:
-        raise ValueError(f"invalid duration {text!r}")
-    total = 0.0
-    pos = 0
-    while pos < len(s):
-        m = _DURATION_PART.match(s, pos)
-        if m is None:
-            raise ValueError(f"invalid duration {text!r} (a number and a unit: ns us ms s m h)")
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    return sign * total
+    """Seconds in a duration flag: Go's form (``time.ParseDuration``: ``1h2m3.5s``, ``250ms``,
+    ``0``) or a plain number of seconds (``60``, ``0.5``), which nsqd itself refuses.  The CLI's
+    parser (:func:`nsqclient.cli.durations.parse_duration`), so the two read flags alike."""
+    return parse_duration(text)
 
 
 def _go_bool(text: str) -> bool:
