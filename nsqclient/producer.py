@@ -843,19 +843,28 @@ class Producer:
         others = [self._slot(a) for a in route.nsqd if a != address]
         return None, [self._slot(address), *others]
 
-    def _retry_delay(self, topic: str, exc: BaseException, retries: int) -> float | None:
-        """Seconds to wait before retrying a publish that failed with ``exc`` after
-        ``retries`` retries, or None when it must not be retried."""
-        if self._router is None or self._closed or retries >= self.config.leader_retries:
+    def _retry_delay(
+        self, topic: str, exc: BaseException, retries: int, attempted_at: float
+    ) -> float | None:
+        """Seconds to wait before retrying a routed publish that failed with ``exc`` after
+        ``retries`` retries, or None when it must not be retried.  ``attempted_at`` (the
+        router's clock when the failed attempt took its route): only a route fetched before
+        then is thrown away.
+
+        A leader being replaced (lookup names none for the partition, or its nsqd cannot be
+        reached and nothing was sent) is retried until the publish's deadline, waiting 0.1 s
+        doubling up to 1 s; a refusal that names a stale route (NOT_LEADER, NOT_WRITABLE,
+        TOPIC_NOT_EXIST) at most ``leader_retries`` times, waiting 0.1 s doubling."""
+        if self._router is None or self._closed:
             return None
-        if isinstance(exc, NoRouteError):
-            if not exc.retryable:
-                return None
-        elif not isinstance(exc, _STALE_ROUTE):
+        if _leader_gone(exc):
+            delay = min(0.1 * 2**retries, 1.0)
+        elif isinstance(exc, _STALE_ROUTE) and retries < self.config.leader_retries:
+            delay = 0.1 * 2**retries
+        else:
             return None
-        self._router.invalidate(topic)
-        delay = 0.1 * 2**retries
-        logger.info("publish to %s refused (%s); looking it up again in %.1fs", topic, exc, delay)
+        self._router.invalidate(topic, fetched_before=attempted_at)
+        logger.info("publish to %s failed (%s); looking it up again in %.1fs", topic, exc, delay)
         return delay
 
     def _publish_routed(
@@ -873,7 +882,9 @@ class Producer:
         if key is not None:
             key_bytes(key)  # a bad key raises before any I/O
         retries = 0
+        clock = time.monotonic if self._router is None else self._router.now
         while True:
+            attempted_at = clock()
             try:
                 p, slots = self._target(topic, partition, key)
                 command = build(p)
@@ -882,12 +893,19 @@ class Producer:
                 except ServerError:
                     self._after_refusal(command, slots)
                     raise
-            except (NoRouteError, *_STALE_ROUTE) as exc:
-                delay = self._retry_delay(topic, exc, retries)
-                if delay is None or time.monotonic() + delay >= deadline:
+            except (NoRouteError, ConnectionClosedError, *_STALE_ROUTE) as exc:
+                delay = self._retry_delay(topic, exc, retries, attempted_at)
+                if delay is None:
+                    raise
+                if time.monotonic() + delay >= deadline:
+                    if _leader_gone(exc):
+                        raise NSQTimeoutError(
+                            f"no leader of {topic!r} could be reached within {timeout:g}s"
+                            f" (nothing was sent): {exc}"
+                        ) from exc
                     raise
                 retries += 1
-                time.sleep(delay)  # a retry's backoff, bounded by leader_retries and timeout
+                time.sleep(delay)  # a retry's backoff, bounded by the deadline
                 continue
             if not traced:
                 return None
@@ -940,15 +958,16 @@ class Producer:
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         router = self._router
-        assert router is not None
+        clock = time.monotonic if router is None else router.now
         outer = self._tracked_future()
         started = time.monotonic()
         deadline = started + self.config.pub_timeout
 
         def attempt(retries: int, inline: bool = False) -> bool:
             """One attempt; False when ``inline`` and it cannot go without blocking."""
+            attempted_at = clock()
             try:
-                if inline and router.cached(topic) is None:
+                if inline and router is not None and router.cached(topic) is None:
                     return False
                 p, slots = self._target(topic, partition, key)
                 command = build(p)
@@ -967,10 +986,12 @@ class Producer:
                 outer.set_exception(exc)
                 return True
             except BaseException as exc:
-                failed(exc, retries)
+                failed(exc, retries, attempted_at)
                 return True
             address = slots[0].address if slots else ""
-            inner.add_done_callback(lambda f: answered(f, p, address, retries, command, slots))
+            inner.add_done_callback(
+                lambda f: answered(f, p, address, retries, command, slots, attempted_at)
+            )
             return True
 
         def answered(
@@ -980,12 +1001,13 @@ class Producer:
             retries: int,
             command: bytes,
             slots: list[_Slot] | None,
+            attempted_at: float,
         ) -> None:
             exc = inner.exception()
             if exc is not None:
                 if isinstance(exc, ServerError):
                     self._after_refusal(command, slots)
-                failed(exc, retries)
+                failed(exc, retries, attempted_at)
             elif traced:
                 try:
                     outer.set_result(self._traced(topic, p, address, inner.result(), started))
@@ -994,10 +1016,18 @@ class Producer:
             else:
                 outer.set_result(inner.result())
 
-        def failed(exc: BaseException, retries: int) -> None:
-            delay = self._retry_delay(topic, exc, retries)
+        def failed(exc: BaseException, retries: int, attempted_at: float) -> None:
+            delay = self._retry_delay(topic, exc, retries, attempted_at)
             if delay is None:
                 outer.set_exception(exc)
+                return
+            if time.monotonic() + delay >= deadline and _leader_gone(exc):
+                outer.set_exception(
+                    NSQTimeoutError(
+                        f"no leader of {topic!r} could be reached within pub_timeout"
+                        f" ({self.config.pub_timeout:g}s; nothing was sent): {exc}"
+                    )
+                )
                 return
             timer = threading.Timer(delay, attempt, (retries + 1,))
             timer.name = f"nsq-pub-retry-{topic}"
@@ -1121,6 +1151,14 @@ def _not_processed(future: Future | Waiter) -> bool:
     if not future.done():
         return False
     exc = future.exception()
+    return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
+
+
+def _leader_gone(exc: BaseException) -> bool:
+    """A routed publish failed because its nsqd is gone or not yet replaced, and nothing was
+    sent: lookup names no leader for the partition (for now), or its nsqd cannot be reached."""
+    if isinstance(exc, NoRouteError):
+        return exc.retryable
     return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
 
 

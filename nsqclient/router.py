@@ -84,10 +84,18 @@ class Router:
             return cached[0]
         return None
 
-    def invalidate(self, topic: str) -> None:
-        """Forget the topic's route: the next publish looks it up again."""
+    def now(self) -> float:
+        """The router's clock (for :meth:`invalidate`'s ``fetched_before``)."""
+        return self._clock()
+
+    def invalidate(self, topic: str, fetched_before: float | None = None) -> None:
+        """Forget the topic's route: the next publish looks it up again.  With
+        ``fetched_before`` (a :meth:`now` value), only a route fetched before then: a publish
+        that failed on an old route must not throw away the fresh one another publish got."""
         with self._lock:
-            self._routes.pop(topic, None)
+            cached = self._routes.get(topic)
+            if cached is not None and (fetched_before is None or cached[1] < fetched_before):
+                del self._routes[topic]
 
     def cached_topics(self) -> list[str]:
         """The topics whose route is kept, fetched longest ago first."""

@@ -199,6 +199,8 @@ def test_ordered_topic_published_without_a_partition_names_the_error(cluster):
         with pytest.raises(BadPartitionError):
             producer.pub("yz_ord_direct", b"m")
         producer.pub("yz_ord_direct", b"m", partition=0)  # direct, with its partition: fine
+        future = producer.pub_async("yz_ord_direct", b"m", partition=0)  # and asynchronously
+        assert future.result(TIMEOUT) == b"OK"
     finally:
         producer.close()
 
