@@ -44,6 +44,7 @@ from .errors import (
 from .http import producer_address
 from .lookup import LookupdPool
 from .message import Message, RequeueMessage
+from .partitions import missing_partitions, partition_count
 from .rdy import ConnView, is_starved, needs_refill, rdy_targets
 
 __all__ = ["Consumer"]
@@ -55,6 +56,10 @@ Handler = Callable[[Message], Any]
 trace_logger = logging.getLogger("nsqclient.trace")
 
 #: SUB answers that no reconnect can change: the consumer's settings must
+#: seconds: the longest wait between lookups while a youzan partition has no connection (a dead
+#: leader's successor is subscribed within about this long of lookupd naming it)
+ORPHAN_LOOKUP_CAP = 4.0
+
 _REFUSED_FOR_GOOD = (
     SubOrderIsMustError,
     SubExtendNeedError,
@@ -224,6 +229,11 @@ class Consumer:
         self._error: NSQError | None = None
         #: lookup again soon (a lookupd-found connection closed: its leader may have moved)
         self._requery_at = float("inf")
+        #: youzan: the topic's partition count (lookup's meta) and every partition lookup named
+        self._partition_num: int | None = None
+        self._partitions_seen: set[int] = set()
+        #: youzan: lookups in a row that left some partition without a connection
+        self._orphan_lookups = 0
         self.giving_up = giving_up
         self.on_connect = on_connect
         self.on_disconnect = on_disconnect
@@ -581,8 +591,45 @@ class Consumer:
             self._lookupd_found = set(found)
             self._target_config.update(found)
             new = [k for k in found if k not in self._conns and k not in self._connecting]
+            self._partitions_seen.update(
+                p for p in map(lambda k: split_key(k)[1], found) if p is not None
+            )
         for key in sorted(new):
             self._start_connect(key, direct=False)
+        self._follow_orphans()
+
+    def _follow_orphans(self) -> None:
+        """youzan: while a partition this consumer should read has no connection (its leader
+        died and lookupd names no successor yet, or names one that cannot be reached yet),
+        look up again soon: ``reconnect_interval`` doubling up to :data:`ORPHAN_LOOKUP_CAP`
+        seconds (never above ``lookupd_poll_interval``), until every partition is held."""
+        with self._lock:
+            held = {split_key(k)[1] for k in (*self._conns, *self._connecting)}
+            missing = missing_partitions(
+                self._partition_num,
+                self._partitions_seen,
+                self.partition,
+                {p for p in held if p is not None},
+            )
+            if not missing:
+                if self._orphan_lookups:
+                    logger.info("%s: every partition is subscribed again", self.topic)
+                self._orphan_lookups = 0
+                return
+            self._orphan_lookups += 1
+            cap = min(ORPHAN_LOOKUP_CAP, self.config.lookupd_poll_interval)
+            delay = min(
+                reconnect_delay(self._orphan_lookups, self.config.reconnect_interval, cap), cap
+            )
+            self._requery_at = min(self._requery_at, time.monotonic() + delay)
+            first = self._orphan_lookups == 1
+        logger.log(
+            logging.INFO if first else logging.DEBUG,
+            "%s: no connection to partition(s) %s; looking up again in %.1fs",
+            self.topic,
+            ",".join(map(str, sorted(missing))),
+            delay,
+        )
 
     def _targets(self, source: str, result: dict[str, Any]) -> dict[str, Config]:
         """The subscriptions one lookup answer names, with their connections' Config (entries
@@ -592,6 +639,8 @@ class Consumer:
             meta = result.get("meta") or {}
             if isinstance(meta, dict) and "ordered" in meta and not self._ordered_fits(meta):
                 return {}
+            if partition_count(meta):
+                self._partition_num = partition_count(meta)
             wants_ext = meta.get("extend_support") if isinstance(meta, dict) else None
             extend = config.extend_support if wants_ext is None else bool(wants_ext)
             if not config.youzan or extend != config.extend_support:

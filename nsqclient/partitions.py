@@ -16,7 +16,14 @@ from typing import Any
 from .checks import check_int
 from .http import producer_address
 
-__all__ = ["TopicRoute", "key_partition", "murmur3_32", "route_from_lookup"]
+__all__ = [
+    "TopicRoute",
+    "key_partition",
+    "missing_partitions",
+    "murmur3_32",
+    "partition_count",
+    "route_from_lookup",
+]
 
 _C1 = 0xCC9E2D51
 _C2 = 0x1B873593
@@ -131,12 +138,7 @@ def route_from_lookup(topic: str, result: Mapping[str, Any]) -> TopicRoute:
         leaders[partition] = producer_address(producer)
     nsqd = tuple(dict.fromkeys(producer_address(p) for p in result.get("producers") or []))
     meta = result.get("meta") or {}
-    partition_num = 0
-    if isinstance(meta, Mapping):
-        try:
-            partition_num = int(meta.get("partition_num") or 0)
-        except (TypeError, ValueError):
-            partition_num = 0
+    partition_num = partition_count(meta)
     return TopicRoute(
         topic=topic,
         leaders=leaders,
@@ -145,3 +147,33 @@ def route_from_lookup(topic: str, result: Mapping[str, Any]) -> TopicRoute:
         ordered=isinstance(meta, Mapping) and _truthy(meta.get("ordered")),
         extend_support=isinstance(meta, Mapping) and _truthy(meta.get("extend_support")),
     )
+
+
+def partition_count(meta: Any) -> int:
+    """The partition count in lookup's ``meta`` (an int or a numeric string); 0 when absent."""
+    if not isinstance(meta, Mapping):
+        return 0
+    try:
+        return max(int(meta.get("partition_num") or 0), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def missing_partitions(
+    partition_num: int | None, seen: set[int], only: int | None, held: set[int]
+) -> set[int]:
+    """The partitions a consumer should read and holds no connection to.
+
+    Args:
+        partition_num: the topic's partition count from lookup's meta (None: not given).
+        seen: every partition lookup has named so far (all that is known without a count).
+        only: the one partition the consumer reads (``partition=``), or None for all.
+        held: the partitions it has a connection to (or is connecting to).
+    """
+    if only is not None:
+        wanted = (
+            {only} if (partition_num is None or only < partition_num or only in seen) else set()
+        )
+    else:
+        wanted = set(seen) if partition_num is None else set(range(partition_num))
+    return wanted - held

@@ -193,3 +193,20 @@ def test_a_lookupd_that_does_not_answer_the_consumers_lookup_is_demoted(monkeypa
     for _ in range(DEMOTE_AFTER):
         pool.lookup_each("t")
     assert pool.candidates() == [b]
+
+
+def test_missing_partitions_of_a_consumer():
+    from nsqclient.partitions import missing_partitions, partition_count
+
+    # with the count from meta: every partition is wanted, named by lookup or not
+    assert missing_partitions(4, {0, 1}, None, {0}) == {1, 2, 3}
+    assert missing_partitions(2, {0, 1}, None, {0, 1}) == set()
+    # without a count: the partitions lookup ever named
+    assert missing_partitions(None, {0, 2}, None, {2}) == {0}
+    assert missing_partitions(None, set(), None, set()) == set()  # classic: nothing to follow
+    # partition=: only that one
+    assert missing_partitions(4, {0, 1, 2, 3}, 2, {0, 1}) == {2}
+    assert missing_partitions(4, set(), 3, {3}) == set()
+    assert missing_partitions(2, set(), 5, set()) == set()  # a partition the topic lacks
+    assert partition_count({"partition_num": "3"}) == 3
+    assert partition_count({"partition_num": None}) == partition_count("x") == 0
