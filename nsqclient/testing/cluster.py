@@ -18,8 +18,9 @@ from typing import Any
 from .lookupd import Lookupd
 from .nodes import LookupdNode, Node
 from .nsqd import NSQD, NSQDOptions
+from .waiting import wait_for
 from .youzan_lookupd import YouzanLookupd
-from .youzan_meta import Coordinator, TopicMeta
+from .youzan_meta import REGISTRATION_TTL, Coordinator, TopicMeta
 from .youzan_nsqd import YouzanNSQD
 
 __all__ = ["EmbeddedNSQ", "Node", "LookupdNode"]
@@ -54,6 +55,9 @@ class EmbeddedNSQ:
             nsqlookupd (see :meth:`create_topic`, :meth:`move_leader`).
         lookupd_count: (youzan mode) how many nsqlookupds; ``/listlookup`` names them all
             and the first one is the leader.
+        registration_ttl: (youzan mode) seconds a dead node's registration outlives it (the
+            etcd TTL, 20 s in youzan): the cluster elects new leaders for the partitions a
+            killed node led only then (see :meth:`kill_nsqd`).
         **nsqd_options: nsqd flags with underscores, durations in seconds
             (see :class:`~nsqclient.testing.options.NSQDOptions`).
     """
@@ -72,9 +76,12 @@ class EmbeddedNSQ:
         lookupd_legacy_json: bool = False,
         youzan: bool = False,
         lookupd_count: int = 1,
+        registration_ttl: float = REGISTRATION_TTL,
         **nsqd_options: Any,
     ):
         NSQDOptions.from_kwargs(**nsqd_options)  # validate early, in the caller's thread
+        if not registration_ttl >= 0:
+            raise ValueError(f"registration_ttl must be >= 0 seconds, not {registration_ttl!r}")
         self.nsqd_count = nsqd_count
         self.use_lookupd = lookupd
         self.data_dir = data_dir
@@ -83,6 +90,7 @@ class EmbeddedNSQ:
         self.lookupd_legacy_json = lookupd_legacy_json
         self.youzan = youzan
         self.lookupd_count = lookupd_count if youzan else 1
+        self.registration_ttl = float(registration_ttl)
         self.nsqds: list[Node] = []
         self.lookupd: LookupdNode | None = None
         #: every nsqlookupd (several only in youzan mode)
@@ -124,7 +132,7 @@ class EmbeddedNSQ:
             raise RuntimeError("the embedded NSQ event loop did not start")
         try:
             if self.youzan:
-                self._coordinator = Coordinator(loop)
+                self._coordinator = Coordinator(loop, self.registration_ttl)
             elif self.use_lookupd:
                 self._call(self._start_lookupd_async())
             for i in range(self.nsqd_count):
@@ -172,6 +180,8 @@ class EmbeddedNSQ:
             await self._lookupd_server.stop()
         for youzan_lookupd in self._youzan_lookupds:
             await youzan_lookupd.stop()
+        if self._coordinator is not None:
+            self._coordinator.shutdown()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
@@ -338,14 +348,40 @@ class EmbeddedNSQ:
         """Start one more nsqd (cluster options plus ``nsqd_options``); return its Node."""
         return self._add_nsqd(None, nsqd_options)
 
-    def stop_nsqd(self, i: int) -> None:
-        """Stop node ``i``: listeners closed, connections dropped, lookupd registration gone."""
+    def stop_nsqd(self, i: int, graceful: bool = False) -> None:
+        """Stop node ``i``: listeners closed, connections dropped, lookupd registration gone.
+
+        In youzan mode the stop is a SIGKILL (:meth:`kill_nsqd`), or with ``graceful`` a
+        SIGTERM (:meth:`terminate_nsqd`).  A classic nsqd always stops as on SIGTERM.
+        """
         server = self._servers[i]
-        self._call(server.stop())
+        if graceful and isinstance(server, YouzanNSQD):
+            self._call(server.terminate())
+        else:
+            self._call(server.stop())
         self._wait_unregistered(server)
 
+    def kill_nsqd(self, i: int) -> None:
+        """(youzan mode) Node ``i`` dies as on SIGKILL.
+
+        At once: its listeners close, every connection to it drops and the lookupds stop
+        naming it (no partition it leads is listed).  After ``registration_ttl`` seconds (its
+        etcd registration expiring) each partition it led gets a new leader from the live
+        nodes of its ISR, if there is one, and it leaves every ISR.  Restarted earlier
+        (:meth:`start_nsqd`), it comes back with the roles it had.
+        """
+        self._youzan()
+        self.stop_nsqd(i)
+
+    def terminate_nsqd(self, i: int) -> None:
+        """Stop node ``i`` as on SIGTERM: in youzan mode it first hands the leadership of its
+        partitions to a live ISR member (when there is one) and leaves every ISR, then stops
+        as :meth:`kill_nsqd` does; a classic nsqd stops as :meth:`stop_nsqd` does."""
+        self.stop_nsqd(i, graceful=True)
+
     def start_nsqd(self, i: int) -> None:
-        """Start node ``i`` again on the same ports with the data it had."""
+        """Start node ``i`` again on the same ports with the data it had (youzan mode: it
+        rejoins the ISR of the partitions it holds, without leading again what it lost)."""
         server = self._servers[i]
         self._call(server.start())
         self._wait_registered(server)
@@ -433,6 +469,59 @@ class EmbeddedNSQ:
         if state is None:
             raise KeyError(f"no partition {partition} of topic {topic!r}")
         return list(state.replicas)
+
+    def partition_isr(self, topic: str, partition: int) -> list[int]:
+        """The indexes of the in-sync replicas of the partition (the leader first)."""
+        coordinator = self._youzan()
+
+        def isr() -> list[int] | None:
+            state = coordinator.partition(topic, partition)
+            return None if state is None else list(state.isr)
+
+        members: list[int] | None = self._call(isr)
+        if members is None:
+            raise KeyError(f"no partition {partition} of topic {topic!r}")
+        return members
+
+    def listed_leader(self, topic: str, partition: int) -> int | None:
+        """The node the lookupds name as the partition's leader now (``/lookup?access=r``),
+        or None when they name none (its leader is down)."""
+        coordinator = self._youzan()
+
+        def look() -> int | None:
+            state = coordinator.partition(topic, partition)
+            if state is None:
+                raise KeyError(f"no partition {partition} of topic {topic!r}")
+            return state.leader if coordinator.node_running(state.leader) else None
+
+        result: int | None = self._call(look)
+        return result
+
+    def wait_leader(
+        self,
+        topic: str,
+        partition: int,
+        not_node: int | None = None,
+        timeout: float = OP_TIMEOUT,
+    ) -> int:
+        """Wait until the lookupds name a leader for the partition other than ``not_node``,
+        and return its index (a test tool).  AssertionError after ``timeout`` seconds."""
+
+        def named() -> tuple[int] | None:
+            leader = self.listed_leader(topic, partition)
+            if leader is None or leader == not_node:
+                return None
+            return (leader,)
+
+        found = wait_for(
+            named,
+            timeout=timeout,
+            message=lambda: (
+                f"no leader other than {not_node} for {topic!r} partition {partition}: "
+                f"lookupd names {self.listed_leader(topic, partition)}"
+            ),
+        )
+        return found[0]
 
     def move_leader(self, topic: str, partition: int, node: int) -> None:
         """Make node ``node`` lead the partition, mid-run (a fault control).

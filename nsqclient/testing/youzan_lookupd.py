@@ -5,8 +5,14 @@ from the cluster's metadata (:mod:`.youzan_meta`).
 ``partitions`` (partition -> its leader's peer info) and, with ``metainfo``, the topic's
 ``meta``.  ``access=w`` leaves out partitions that refuse writes or have no channel yet, and
 answers "Topic has no channel, should init at least one for the new topic" when that leaves
-nothing.  ``/listlookup`` names every lookupd of the cluster (keys capitalised, ports as
-strings).  ``POST /topic/create?topic=&partition_num=&replicator=&orderedmulti=&extend=``
+nothing.  A partition refusing writes (switched off, or its ISR short of a majority) is one
+whose leader unregistered it, as youzan's nsqd does (``nsqdserver/lookup.go``); when none of
+the asked partitions is registered, ``access=w`` still names their leaders from the cluster's
+metadata (``tryFindRegsFromRegister``) and a PUB there gets E_FAILED_ON_NOT_WRITABLE.  A
+partition whose leader is down is never listed: its registration went with its connection.
+
+``/listlookup`` names every lookupd of the cluster (keys capitalised, ports as strings).
+``POST /topic/create?topic=&partition_num=&replicator=&orderedmulti=&extend=``
 creates a topic.
 
 Replies are negotiated as youzan's are: a request with ``Accept: application/vnd.nsq;
@@ -175,7 +181,7 @@ class YouzanLookupdHTTP:
                 continue
             if not self.coordinator.node_running(state.leader):
                 continue
-            if writable_only and not state.writable:
+            if writable_only and not self.coordinator.accepts_writes(state):
                 continue
             out.append((p, state.leader))
         return out
@@ -243,7 +249,7 @@ class YouzanLookupdHTTP:
             partitions: dict[str, list[str]] = {}
             for name, yt in self.coordinator.topics.items():
                 for p, state in enumerate(yt.partitions):
-                    if state.leader == index and state.writable:
+                    if state.leader == index and self.coordinator.accepts_writes(state):
                         partitions.setdefault(name, []).append(str(p))
             out.append(
                 {

@@ -1,11 +1,25 @@
 """youzan's cluster metadata (what etcd and the lookupd coordinator hold in the real cluster):
-topics with their partition count, replica count and flags, each partition's leader and
-replicas, which nodes and lookupds exist.
+topics with their partition count, replica count and flags, each partition's leader, replicas
+and ISR, which nodes and lookupds exist, and the failover youzan's coordinator runs
+(``consistence/nsqlookup_coordinator.go``, ``nsqd_coordinator*.go`` of youzan/nsq).
 
 Placement is deterministic: partition ``p`` of a topic is led by node ``p % N`` and replicated
 on the next ``replica - 1`` nodes.  :meth:`Coordinator.move_leader` moves a leader (to a replica,
 which swaps the roles, or to a node without a copy, which then takes the old leader's place).
 Nodes and lookupds are seen through the :class:`YNode` protocol, so this module imports neither.
+
+Failover, as youzan's coordinator does it:
+
+- A node that dies abruptly (:meth:`Coordinator.node_killed`) stays registered (its etcd key
+  lives on) for ``registration_ttl`` seconds (youzan's ETCD_TTL, 20 s); only then are the
+  partitions it led given a new leader, chosen among the live nodes of the ISR, and is it moved
+  out of every ISR (to the catch-up list).  A node back before that keeps its roles.
+- A node that stops gracefully (:meth:`Coordinator.node_leaving`, SIGTERM) hands its leaderships
+  over and leaves every ISR at once, before it stops listening.
+- A partition takes writes only while the live nodes of its ISR are a majority of its
+  replicator (``len(ISR) > replica / 2``, ``IsISRReadyForWrite``) and its leader is up.
+- A node that starts again catches up at once (replicas share the partition's data here) and
+  rejoins the ISR of every partition it holds whose leader is up; it does not lead again.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ __all__ = [
     "MAX_PARTITION_NUM",
     "MAX_REPLICATOR",
     "NO_NODE_AVAILABLE",
+    "REGISTRATION_TTL",
 ]
 
 log = logging.getLogger("nsqclient.testing.youzan_meta")
@@ -35,6 +50,8 @@ MAX_PARTITION_NUM = 255
 MAX_REPLICATOR = 5
 #: the coordinator's answer when the nodes cannot hold the topic as asked
 NO_NODE_AVAILABLE = "No node is available for topic"
+#: seconds a dead node's registration outlives it (youzan's ETCD_TTL in nsqd_node_etcd.go)
+REGISTRATION_TTL = 20.0
 
 
 class YNode(Protocol):
@@ -85,12 +102,16 @@ class TopicMeta:
 
 @dataclass
 class PartitionState:
-    """One partition: its data, its leader node, the nodes holding a copy, write permission."""
+    """One partition: its data, its leader node, the nodes holding a copy (the leader first),
+    the in-sync ones among them (the ISR, leader first; the others are catching up), the
+    topic's replicator and the write switch of :meth:`Coordinator.set_writable`."""
 
     data: PartitionData
     leader: int
     replicas: list[int]
     writable: bool = True
+    isr: list[int] = field(default_factory=list)
+    replica: int = 1
 
 
 @dataclass
@@ -105,19 +126,147 @@ class YouzanTopic:
 class Coordinator:
     """The cluster's metadata, shared by every embedded youzan nsqd and lookupd."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, registration_ttl: float = REGISTRATION_TTL):
         self.loop = loop
+        self.registration_ttl = registration_ttl
         self.nodes: list[YNode] = []
         self.lookupds: list[YLookupd] = []
         self.topics: dict[str, YouzanTopic] = {}
+        #: nodes registered in the cluster (etcd): the running ones and the dead ones whose
+        #: registration has not expired yet
+        self.registered: set[int] = set()
+        self._expiries: dict[int, asyncio.TimerHandle] = {}
 
     def add_node(self, node: YNode) -> int:
-        """Register an nsqd node; return its index."""
+        """Add an nsqd node to the cluster; return its index."""
         self.nodes.append(node)
         return len(self.nodes) - 1
 
     def node_running(self, index: int) -> bool:
         return 0 <= index < len(self.nodes) and self.nodes[index].running
+
+    def _partitions(self) -> list[tuple[str, int, PartitionState]]:
+        return [
+            (name, p, state)
+            for name, topic in self.topics.items()
+            for p, state in enumerate(topic.partitions)
+        ]
+
+    # -- node life and death
+
+    def node_up(self, index: int) -> None:
+        """Node ``index`` listens (again): registered, and back in the ISR of every partition
+        it holds whose leader is up (it catches up at once; replicas share the data here)."""
+        handle = self._expiries.pop(index, None)
+        if handle is not None:
+            handle.cancel()
+            log.info("nsqd node %d back before its registration expired", index)
+        self.registered.add(index)
+        for _, _, state in self._partitions():
+            if index in state.replicas:
+                self._catch_up(state)
+
+    def node_killed(self, index: int) -> None:
+        """Node ``index`` died abruptly (SIGKILL): its registration expires after
+        ``registration_ttl`` seconds, and only then does the cluster react."""
+        if index not in self.registered or index in self._expiries:
+            return
+        ttl = max(0.0, self.registration_ttl)
+        log.info("nsqd node %d died; its registration expires in %.3gs", index, ttl)
+        self._expiries[index] = self.loop.call_later(ttl, self._expire, index)
+
+    def node_leaving(self, index: int) -> None:
+        """Node ``index`` stops gracefully (SIGTERM): it hands over the leadership of its
+        partitions and leaves every ISR now, then unregisters (nsqd's prepareLeavingCluster)."""
+        handle = self._expiries.pop(index, None)
+        if handle is not None:
+            handle.cancel()
+        self._unregister(index)
+
+    def _expire(self, index: int) -> None:
+        self._expiries.pop(index, None)
+        if self.node_running(index):  # pragma: no cover - node_up cancels the timer
+            return
+        log.info("nsqd node %d: registration expired", index)
+        self._unregister(index)
+
+    def _unregister(self, index: int) -> None:
+        """The node left the cluster: a new leader for what it led (from the ISR), and it
+        leaves every ISR that keeps another member (doCheckTopics)."""
+        self.registered.discard(index)
+        for name, p, state in self._partitions():
+            if index not in state.isr:
+                continue
+            if state.leader == index:
+                self._elect(name, p, state)
+            elif len(state.isr) > 1:
+                state.isr.remove(index)
+                log.info("topic %s partition %d: node %d left the ISR", name, p, index)
+
+    def _elect(self, name: str, partition: int, state: PartitionState) -> bool:
+        """A new leader from the live members of the ISR (chooseNewLeaderFromISR); the old
+        one goes to the catch-up list.  False when no member can lead."""
+        old = state.leader
+        candidates = [
+            n
+            for n in state.replicas
+            if n != old and n in state.isr and n in self.registered and self.node_running(n)
+        ]
+        if not candidates:
+            log.warning(
+                "topic %s partition %d: no leader can be elected (ISR %s)",
+                name,
+                partition,
+                state.isr,
+            )
+            return False
+        new = candidates[0]
+        state.isr.remove(old)
+        state.leader = new
+        state.replicas = [new] + [n for n in state.replicas if n != new]
+        self._sort_isr(state)
+        for channel in state.data.channels.values():
+            channel.disable()
+        log.info(
+            "topic %s partition %d: node %d elected leader (was %d), ISR %s",
+            name,
+            partition,
+            new,
+            old,
+            state.isr,
+        )
+        self._catch_up(state)
+        return True
+
+    def _catch_up(self, state: PartitionState) -> None:
+        """Registered, running replicas rejoin the ISR when the leader is up to feed them."""
+        if state.leader not in self.registered or not self.node_running(state.leader):
+            return
+        for n in state.replicas:
+            if n not in state.isr and n in self.registered and self.node_running(n):
+                state.isr.append(n)
+        self._sort_isr(state)
+
+    @staticmethod
+    def _sort_isr(state: PartitionState) -> None:
+        state.isr.sort(key=lambda n: state.replicas.index(n) if n in state.replicas else n)
+
+    def accepts_writes(self, state: PartitionState) -> bool:
+        """The partition takes writes: not switched off, its leader up and in the ISR, and
+        the ISR's live members a majority of the replicator (``IsISRReadyForWrite``; a write
+        to a dead ISR member fails until it leaves the ISR)."""
+        if not state.writable or state.leader not in state.isr:
+            return False
+        if not self.node_running(state.leader):
+            return False
+        alive = sum(1 for n in state.isr if self.node_running(n))
+        return alive > state.replica // 2
+
+    def shutdown(self) -> None:
+        """Forget pending registration expiries (the cluster is closing)."""
+        for handle in self._expiries.values():
+            handle.cancel()
+        self._expiries.clear()
 
     # -- topics
 
@@ -140,7 +289,9 @@ class Coordinator:
             leader = p % n
             replicas = [(leader + i) % n for i in range(meta.replica)]
             data = PartitionData(self.loop, name, p, meta.ordered, meta.ext)
-            topic.partitions.append(PartitionState(data, leader, replicas))
+            isr = [n for n in replicas if n in self.registered and self.node_running(n)]
+            state = PartitionState(data, leader, replicas, isr=isr, replica=meta.replica)
+            topic.partitions.append(state)
         self.topics[name] = topic
         log.info(
             "topic %s created: %d partition(s), replica %d, ordered=%s, ext=%s",
@@ -191,6 +342,10 @@ class Coordinator:
             state.replicas.remove(old)  # the new node takes the old leader's copy
         state.replicas.insert(0, node)
         state.leader = node
+        state.isr = [node if n == old and old not in state.replicas else n for n in state.isr]
+        if node not in state.isr:
+            state.isr.append(node)
+        self._sort_isr(state)
         for channel in state.data.channels.values():
             channel.disable()
         log.info(

@@ -6,6 +6,10 @@ It does not register with an nsqlookupd over TCP: the embedded youzan lookupd re
 cluster's metadata directly (the real one learns leaders from etcd and registrations).  Its
 lookup peer ``id`` is the address of a (made-up) connection to the lookupd and changes each time
 the node starts; its ``distributed_id`` (``ip:rpc port:tcp port:extra``) does not.
+
+:meth:`YouzanNSQD.stop` is a SIGKILL: listeners and connections close at once and the cluster
+reacts when the node's registration expires (see :mod:`.youzan_meta`); :meth:`YouzanNSQD.terminate`
+is a SIGTERM: the node hands its leaderships over first.
 """
 
 from __future__ import annotations
@@ -59,6 +63,23 @@ class YouzanNSQD(NSQD):
             if not self.rpc_port:
                 self.rpc_port = self.tcp_port + 100 if self.tcp_port < 65000 else self.tcp_port
             log.info("youzan nsqd %d: %s (%s)", self.index, self.peer_id, self.distributed_id)
+            self.coordinator.node_up(self.index)
+
+    async def stop(self) -> None:
+        """Die abruptly, as on SIGKILL: listeners and every connection close now; the cluster
+        notices when the node's registration expires."""
+        was_running = self.running
+        await super().stop()
+        if was_running:
+            self.coordinator.node_killed(self.index)
+
+    async def terminate(self) -> None:
+        """Stop gracefully, as on SIGTERM: hand over the leadership of every partition this
+        node leads (and leave every ISR) while still listening, then stop."""
+        if not self.running:
+            return
+        self.coordinator.node_leaving(self.index)
+        await super().stop()
 
     @property
     def distributed_id(self) -> str:

@@ -438,7 +438,8 @@ class YouzanClientConn(ClientConn):
     def _check_writable(self, state: PartitionState) -> None:
         if not self._is_leader(state):
             raise _BodyError(NOT_LEADER, "")
-        if not state.writable:
+        if not self.nsqd.coordinator.accepts_writes(state):
+            # ErrWriteDisabled / ErrWriteQuorumFailed: cluster errors, so E_FAILED_ON_NOT_WRITABLE
             raise _BodyError(NOT_WRITABLE, "")
 
     def _mpub(self, params: list[bytes], end: int, trace: bool, ext: bool) -> int:
