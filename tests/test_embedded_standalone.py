@@ -205,7 +205,7 @@ def test_youzan_mode_prints_every_address_lookupds_included():
     tcp, http = (f"127.0.0.1:{port}" for port in free_ports(2))
     proc = _start(
         ["--youzan", "--nsqd-count", "2", "--lookupd-count", "2", "--log-level", "error",
-         "--tcp-address", tcp, "--http-address", http],
+         "--registration-ttl", "5s", "--tcp-address", tcp, "--http-address", http],
         stdout=subprocess.PIPE,
     )  # fmt: skip
     lines: list[str] = []

@@ -115,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lookupd-count", type=int, default=1, metavar="LOOKUPDS", help="lookupds (youzan mode)"
     )
+    parser.add_argument(
+        "--registration-ttl",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help="youzan mode: how long a killed node's registration outlives it before its"
+        " partitions get a new leader (default youzan's 20s)",
+    )
     return parser
 
 
@@ -154,8 +162,10 @@ def combined_main(argv: list[str]) -> int:
     if args.youzan:
         options["youzan"] = True
         options["lookupd_count"] = args.lookupd_count
-    elif args.nsqd_count != 1 or args.lookupd_count != 1:
-        parser.error("--nsqd-count and --lookupd-count need --youzan")
+        if args.registration_ttl is not None:
+            options["registration_ttl"] = args.registration_ttl
+    elif args.nsqd_count != 1 or args.lookupd_count != 1 or args.registration_ttl is not None:
+        parser.error("--nsqd-count, --lookupd-count and --registration-ttl need --youzan")
     cluster = EmbeddedNSQ(
         nsqd_count=args.nsqd_count,
         lookupd=use_lookupd or args.youzan,
