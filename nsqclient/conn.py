@@ -391,7 +391,7 @@ class Connection:
                 sock = socket.create_connection((self.host, self.port), timeout=dial_timeout)
             except TimeoutError as exc:
                 raise NSQTimeoutError(
-                    f"connecting to {self.address} took longer than {dial_timeout:.3g}s"
+                    f"connecting to {self.address} took longer than {dial_timeout:.2g}s"
                     f" ({dial_limit})"
                 ) from exc
             self._sock = sock
@@ -435,7 +435,7 @@ class Connection:
             timed_out = isinstance(exc, TimeoutError) and not isinstance(exc, NSQError)
             if expired.is_set() or timed_out:
                 timeout_exc = NSQTimeoutError(
-                    f"handshake with {self.address} timed out after {handshake_timeout:.3g}s"
+                    f"handshake with {self.address} timed out after {handshake_timeout:.2g}s"
                     f" ({handshake_limit})"
                 )
                 self.close_reason = timeout_exc

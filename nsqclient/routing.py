@@ -1,0 +1,444 @@
+"""Publishing by lookup: a Producer's routed publishes (``lookupd_http_addresses``, youzan's
+partitions, keys, tracing and ext headers).
+
+For each topic the Producer asks nsqlookupd where to publish (:class:`~nsqclient.router.Router`
+keeps the answer) and sends each publish to its partition's leader.  A publish the route turned
+out stale for is retried after a fresh lookup: a refusal naming a moved leader
+(E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE, E_TOPIC_NOT_EXIST) at most ``leader_retries`` times; a
+leader that is gone (cannot be reached, nothing sent; or lookupd names none while youzan
+replaces it) until the publish's timeout.  Traced publishes answer a :class:`PublishResult`.
+
+:class:`RoutedPublishing` holds these methods of :class:`~nsqclient.producer.Producer` (a mixin:
+the state it works on is the Producer's, annotated here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from . import protocol
+from .checks import check_int
+from .config import Config
+from .conn import RequestFuture
+from .errors import (
+    ConnectionClosedError,
+    FailedOnNotLeaderError,
+    FailedOnNotWritableError,
+    NoRouteError,
+    NSQTimeoutError,
+    ServerError,
+    TopicNotExistError,
+)
+from .partitions import key_bytes
+from .router import Router
+
+if TYPE_CHECKING:
+    from .backlog import Backlog
+    from .slot import _Slot
+
+__all__ = ["PublishResult", "RoutedPublishing", "TRACE_ID_KEY"]
+
+logger = logging.getLogger("nsqclient.producer")
+trace_logger = logging.getLogger("nsqclient.trace")
+
+#: youzan's answers that mean "lookup is stale": refresh the route and try again
+_STALE_ROUTE = (FailedOnNotLeaderError, FailedOnNotWritableError, TopicNotExistError)
+
+#: Builds a publish command for a partition (None: no partition on the wire).
+_Build = Callable[[int | None], bytes]
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishResult:
+    """youzan's answer to a traced publish (``PUB_TRACE``/``MPUB_TRACE``).
+
+    Attributes:
+        message_id: nsqd's internal id of the message (an MPUB: of its first message); the
+            partition is in its top bits (``partition << 50``).
+        trace_id: the trace id sent (MPUB_TRACE answers 0).
+        offset: where the message starts in the partition's disk queue, bytes.
+        raw_size: bytes it takes there (an MPUB: the whole batch); the next message of the
+            partition starts at ``offset + raw_size``.
+        partition: the partition it went to (None when none was named on the wire).
+        nsqd_address: ``"host:port"`` of the nsqd that stored it ("" when not known).
+    """
+
+    message_id: int
+    trace_id: int
+    offset: int
+    raw_size: int
+    partition: int | None
+    nsqd_address: str
+
+
+class RoutedPublishing:
+    """The routed-publishing methods of :class:`~nsqclient.producer.Producer`."""
+
+    # The Producer's state and methods these use, set up by Producer.__init__.
+    config: Config
+    _router: Router | None
+    _tracing: bool
+    _closed: bool
+    _backlog: Backlog
+    _publish: Callable[..., bytes]
+    _submit: Callable[..., Any]
+    _submit_live: Callable[..., Future | None]
+    _submit_backlogged: Callable[..., Future]
+    _slot: Callable[[str], _Slot]
+    _tracked_future: Callable[[], Future]
+    _forget_routed: Callable[[Future], None]
+
+    def _pub_builder(
+        self,
+        topic: str,
+        body: bytes | str,
+        partition: int | None,
+        trace_id: int | None,
+        ext: dict[str, Any] | None,
+    ) -> tuple[_Build, bool]:
+        """The command builder of one PUB-like publish, and whether it is traced.  The command
+        is checked here; ext headers are checked against the topic's route by the builder,
+        once the publish has its route (see :meth:`_checking_ext`)."""
+        traced = trace_id is not None or self._tracing
+        build: _Build
+        if ext is not None:
+            ext = _traced_header(ext, (trace_id or 0) if traced else None)
+
+            def build(p: int | None) -> bytes:
+                return protocol.pub_ext(topic, protocol.to_bytes(body), ext, p)
+
+        elif traced:
+            tid = 0 if trace_id is None else trace_id
+
+            def build(p: int | None) -> bytes:
+                return protocol.pub_trace(topic, protocol.to_bytes(body), tid, p)
+
+        else:
+
+            def build(p: int | None) -> bytes:
+                return protocol.pub(topic, body, p)
+
+        build(partition)  # bad topic, body, partition or ext raise here
+        return self._checking_ext(topic, ext, build), traced
+
+    def _mpub_builder(
+        self,
+        topic: str,
+        bodies: Sequence[bytes | str],
+        partition: int | None,
+        trace_id: int | Sequence[int] | None,
+        ext: dict[str, Any] | None,
+    ) -> tuple[_Build, bool]:
+        """:meth:`_pub_builder` for MPUB and its traced and extended forms."""
+        traced = trace_id is not None or self._tracing
+        if traced and ext is not None and not (trace_id is None or isinstance(trace_id, int)):
+            raise ValueError("an MPUB with ext headers takes one trace id for every message")
+        protocol.check_body_list(bodies, "MPUB")
+        items = [protocol.to_bytes(b) for b in bodies]
+        build: _Build
+        if ext is not None:
+            tid = (trace_id or 0) if traced else None
+            exts = [_traced_header(ext, tid)] * len(items)  # type: ignore[arg-type]
+
+            def build(p: int | None) -> bytes:
+                return protocol.mpub_ext(topic, items, exts, p)
+
+        elif traced:
+            if trace_id is None or isinstance(trace_id, int):
+                ids = [trace_id or 0] * len(items)
+            else:
+                ids = list(trace_id)
+
+            def build(p: int | None) -> bytes:
+                return protocol.mpub_trace(topic, items, ids, p)
+
+        else:
+
+            def build(p: int | None) -> bytes:
+                return protocol.mpub(topic, items, p)
+
+        build(partition)
+        return self._checking_ext(topic, ext, build), traced
+
+    def _checking_ext(self, topic: str, ext: dict[str, Any] | None, build: _Build) -> _Build:
+        """``build``, first checking that the topic takes ext headers, when there are some:
+        youzan's nsqd answers others with an error, and an MPUB_EXT refused midway leaves the
+        stream unusable.  A builder runs once the publish has its route (it is cached)."""
+        if ext is None or self._router is None:
+            return build
+        router = self._router
+
+        def checked(p: int | None) -> bytes:
+            route = router.route(topic)
+            if route.partitioned and not route.extend_support:
+                raise ValueError(
+                    f"topic {topic!r} was not created with extend support: publish it without ext="
+                )
+            return build(p)
+
+        return checked
+
+    def _check_not_partitioned(self, topic: str) -> None:
+        assert self._router is not None
+        if self._router.route(protocol.check_topic_name(topic)).partitioned:
+            raise ValueError(
+                f"topic {topic!r} is partitioned (youzan's NSQ), which has no deferred publish"
+                " (DPUB)"
+            )
+
+    def _target(
+        self, topic: str, partition: int | None, key: bytes | str | int | None
+    ) -> tuple[int | None, list[_Slot] | None]:
+        """The partition and the slots (in order of preference) of one publish."""
+        if self._router is None:
+            if key is not None:
+                raise ValueError(
+                    "key= needs lookupd_http_addresses: the partition count comes from lookup"
+                )
+            return partition, None
+        p, address = self._router.choose(topic, partition, key)
+        if p is not None:
+            return p, [self._slot(address)]
+        # classic topic: the chosen nsqd first, the others it is on to fail over to
+        route = self._router.route(topic)
+        others = [self._slot(a) for a in route.nsqd if a != address]
+        return None, [self._slot(address), *others]
+
+    def _retry_delay(
+        self, topic: str, exc: BaseException, retries: int, attempted_at: float
+    ) -> float | None:
+        """Seconds to wait before retrying a routed publish that failed with ``exc`` after
+        ``retries`` retries, or None when it must not be retried.  ``attempted_at`` (the
+        router's clock when the failed attempt took its route): only a route fetched before
+        then is thrown away.
+
+        A leader being replaced (lookup names none for the partition, or its nsqd cannot be
+        reached and nothing was sent) is retried until the publish's deadline, waiting 0.1 s
+        doubling up to 1 s; a refusal that names a stale route (NOT_LEADER, NOT_WRITABLE,
+        TOPIC_NOT_EXIST) at most ``leader_retries`` times, waiting 0.1 s doubling."""
+        if self._router is None or self._closed:
+            return None
+        if _leader_gone(exc):
+            delay = min(0.1 * 2**retries, 1.0)
+        elif isinstance(exc, _STALE_ROUTE) and retries < self.config.leader_retries:
+            delay = 0.1 * 2**retries
+        else:
+            return None
+        self._router.invalidate(topic, fetched_before=attempted_at)
+        logger.info("publish to %s failed (%s); looking it up again in %.1fs", topic, exc, delay)
+        return delay
+
+    def _publish_routed(
+        self,
+        topic: str,
+        build: _Build,
+        traced: bool,
+        timeout: float | None,
+        partition: int | None,
+        key: bytes | str | int | None,
+    ) -> PublishResult | None:
+        timeout = self.config.pub_timeout if timeout is None else timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        if key is not None:
+            key_bytes(key)  # a bad key raises before any I/O
+        retries = 0
+        clock = time.monotonic if self._router is None else self._router.now
+        while True:
+            attempted_at = clock()
+            try:
+                p, slots = self._target(topic, partition, key)
+                command = build(p)
+                try:
+                    reply = self._publish(command, timeout, slots, deadline)
+                except ServerError:
+                    self._after_refusal(command, slots)
+                    raise
+            except (NoRouteError, ConnectionClosedError, *_STALE_ROUTE) as exc:
+                delay = self._retry_delay(topic, exc, retries, attempted_at)
+                if delay is None:
+                    raise
+                if time.monotonic() + delay >= deadline:
+                    if _leader_gone(exc):
+                        raise NSQTimeoutError(
+                            f"no leader of {topic!r} could be reached within {timeout:g}s"
+                            f" (nothing was sent): {exc}"
+                        ) from exc
+                    raise
+                retries += 1
+                time.sleep(delay)  # a retry's backoff, bounded by the deadline
+                continue
+            if not traced:
+                return None
+            address = slots[0].address if slots else ""
+            return self._traced(topic, p, address, reply, started)
+
+    def _traced(
+        self, topic: str, partition: int | None, address: str, reply: bytes, started: float
+    ) -> PublishResult | None:
+        if reply == protocol.OK:
+            # youzan answers an MPUB_EXT whose headers carry trace ids with a plain OK
+            trace_logger.info("traced publish to %s answered a plain OK (no ids)", topic)
+            return None
+        decoded = protocol.decode_trace_reply(reply)
+        result = PublishResult(
+            decoded.internal_id,
+            decoded.trace_id,
+            decoded.offset,
+            decoded.raw_size,
+            partition,
+            address,
+        )
+        trace_logger.info(
+            "PUB_TRACE topic=%s partition=%s nsqd=%s message_id=%d trace_id=%d offset=%d"
+            " raw_size=%d elapsed_ms=%.2f",
+            topic,
+            partition,
+            address,
+            result.message_id,
+            result.trace_id,
+            result.offset,
+            result.raw_size,
+            (time.monotonic() - started) * 1000,
+        )
+        return result
+
+    def _submit_routed(
+        self,
+        topic: str,
+        build: _Build,
+        traced: bool,
+        partition: int | None,
+        key: bytes | str | int | None,
+    ) -> Future:
+        """An asynchronous publish that follows lookup.  The first attempt runs on the calling
+        thread when the topic's route is cached and its nsqd connected, otherwise on the
+        backlog thread; retries after a stale-route answer run on a timer thread."""
+        if key is not None:
+            key_bytes(key)
+        if self._closed:
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
+        router = self._router
+        clock = time.monotonic if router is None else router.now
+        outer = self._tracked_future()
+        started = time.monotonic()
+        deadline = started + self.config.pub_timeout
+
+        def attempt(retries: int, inline: bool = False) -> bool:
+            """One attempt; False when ``inline`` and it cannot go without blocking."""
+            attempted_at = clock()
+            try:
+                if inline and router is not None and router.cached(topic) is None:
+                    return False
+                p, slots = self._target(topic, partition, key)
+                command = build(p)
+                inner: Future | None
+                if inline:
+                    inner = self._submit_live(command, slots)
+                    if inner is None:
+                        return False
+                elif retries == 0:
+                    inner = self._submit_backlogged(command, deadline, slots)
+                else:
+                    inner = self._submit(command, None, RequestFuture, slots)
+            except (ValueError, TypeError) as exc:
+                if inline:
+                    raise  # bad input: at the call site
+                outer.set_exception(exc)
+                return True
+            except BaseException as exc:
+                failed(exc, retries, attempted_at)
+                return True
+            address = slots[0].address if slots else ""
+            inner.add_done_callback(
+                lambda f: answered(f, p, address, retries, command, slots, attempted_at)
+            )
+            return True
+
+        def answered(
+            inner: Future,
+            p: int | None,
+            address: str,
+            retries: int,
+            command: bytes,
+            slots: list[_Slot] | None,
+            attempted_at: float,
+        ) -> None:
+            exc = inner.exception()
+            if exc is not None:
+                if isinstance(exc, ServerError):
+                    self._after_refusal(command, slots)
+                failed(exc, retries, attempted_at)
+            elif traced:
+                try:
+                    outer.set_result(self._traced(topic, p, address, inner.result(), started))
+                except Exception as error:
+                    outer.set_exception(error)
+            else:
+                outer.set_result(inner.result())
+
+        def failed(exc: BaseException, retries: int, attempted_at: float) -> None:
+            delay = self._retry_delay(topic, exc, retries, attempted_at)
+            if delay is None:
+                outer.set_exception(exc)
+                return
+            if time.monotonic() + delay >= deadline and _leader_gone(exc):
+                outer.set_exception(
+                    NSQTimeoutError(
+                        f"no leader of {topic!r} could be reached within pub_timeout"
+                        f" ({self.config.pub_timeout:g}s; nothing was sent): {exc}"
+                    )
+                )
+                return
+            timer = threading.Timer(delay, attempt, (retries + 1,))
+            timer.name = f"nsq-pub-retry-{topic}"
+            timer.daemon = True
+            timer.start()
+
+        def first_attempt() -> None:
+            attempt(0)
+
+        try:
+            if len(self._backlog) or not attempt(0, inline=True):
+                self._backlog.submit(first_attempt)
+        except BaseException:
+            self._forget_routed(outer)
+            raise
+        return outer
+
+    def _after_refusal(self, command: bytes, slots: list[_Slot] | None) -> None:
+        """youzan's nsqd answers an MPUB_EXT it refuses before reading all of it: what it
+        left unread would be taken for commands, so that connection is done for."""
+        if not command.startswith(b"MPUB_EXT ") or not slots:
+            return
+        conn = slots[0].conn
+        if conn is not None and conn.pid == os.getpid():
+            conn.close(0.0)
+
+
+def _leader_gone(exc: BaseException) -> bool:
+    """A routed publish failed because its nsqd is gone or not yet replaced, and nothing was
+    sent: lookup names no leader for the partition (for now), or its nsqd cannot be reached."""
+    if isinstance(exc, NoRouteError):
+        return exc.retryable
+    return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
+
+
+#: the key of a youzan message header that carries the trace id (a decimal string)
+TRACE_ID_KEY = "##trace_id"
+
+
+def _traced_header(ext: dict[str, Any], trace_id: int | None) -> dict[str, Any]:
+    """``ext`` with the trace id in it (youzan traces PUB_EXT through its header)."""
+    if not isinstance(ext, dict):
+        raise TypeError(f"ext must be a dict of JSON headers, not {type(ext).__name__}")
+    if trace_id is None:
+        return ext
+    return {**ext, TRACE_ID_KEY: str(check_int(trace_id, "trace id", min=0, max=2**64 - 1))}

@@ -1,0 +1,73 @@
+"""One nsqd address of a Producer's pool: its lazily made connection, the state of its
+outages (failures in a row, when it may be tried again) and its counters across reconnects."""
+
+from __future__ import annotations
+
+import threading
+
+from .conn import Connection
+
+__all__ = ["_Slot", "_CUMULATIVE"]
+
+#: Counters summed over every connection a slot has had (see Producer.stats).
+_CUMULATIVE = ("messages_sent", "bytes_in", "bytes_out")
+
+
+class _Slot:
+    """One nsqd address of the pool and its (lazily made) connection."""
+
+    __slots__ = (
+        "address",
+        "conn",
+        "lock",
+        "failures",
+        "down_until",
+        "last_error",
+        "down_since",
+        "skipped",
+        "connects",
+        "totals",
+        "warming",
+        "warned",
+    )
+
+    def __init__(self, address: str):
+        self.address = address
+        self.conn: Connection | None = None
+        self.lock = threading.Lock()
+        #: consecutive failed connection attempts (0 while connected)
+        self.failures = 0
+        self.down_until = 0.0
+        self.last_error: BaseException | None = None
+        #: monotonic time the current outage began (None: not in an outage)
+        self.down_since: float | None = None
+        #: publishes that could not use this address during the current outage
+        self.skipped = 0
+        #: connections made to this address
+        self.connects = 0
+        #: _CUMULATIVE counters of the connections this slot had before the current one
+        self.totals = dict.fromkeys(_CUMULATIVE, 0)
+        #: a thread is connecting it for pub_async (see Producer._warm)
+        self.warming = False
+        #: the current outage was logged at WARNING (publishes failed over to other addresses)
+        self.warned = False
+
+    def live(self) -> Connection | None:
+        """The connection, when it is connected."""
+        conn = self.conn
+        return conn if conn is not None and conn.is_connected else None
+
+    def retire(self, conn: Connection) -> None:
+        """Fold a connection that is being replaced or closed into the slot's totals."""
+        stats = conn.stats()
+        for key in _CUMULATIVE:
+            self.totals[key] += stats[key]
+
+    def counters(self) -> dict[str, int]:
+        """The _CUMULATIVE counters over every connection this slot has had."""
+        out = dict(self.totals)
+        if self.conn is not None:
+            stats = self.conn.stats()
+            for key in _CUMULATIVE:
+                out[key] += stats[key]
+        return out
