@@ -433,7 +433,9 @@ class Producer(RoutedPublishing):
                 future = self._submit(command, deadline, Waiter, slots)
             except ConnectionClosedError as exc:
                 if time.monotonic() >= deadline:
-                    raise NSQTimeoutError(f"no nsqd connection within {timeout:g}s: {exc}") from exc
+                    raise NSQTimeoutError(
+                        f"no nsqd connection within {timeout:g}s (nothing was sent): {exc}"
+                    ) from exc
                 raise
             conn = future.conn
             if conn is not None:
@@ -608,7 +610,8 @@ class Producer(RoutedPublishing):
             if self._closed or time.monotonic() < deadline:
                 raise
             raise NSQTimeoutError(
-                f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s): {exc}"
+                f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s; nothing"
+                f" was sent): {exc}"
             ) from exc
 
     def _tracked_future(self) -> Future:
