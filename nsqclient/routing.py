@@ -371,6 +371,9 @@ class RoutedPublishing:
             slots: list[_Slot] | None,
             attempted_at: float,
         ) -> None:
+            # where this attempt went, for whoever reads the Future (the last attempt's)
+            outer.nsqd_address = getattr(inner, "nsqd_address", None) or address  # type: ignore[attr-defined]
+            outer.partition = p  # type: ignore[attr-defined]
             exc = inner.exception()
             if exc is not None:
                 if isinstance(exc, ServerError):

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import NSQError
+from ..otel import configure_from_env
 from ..producer import Producer
 from .common import (
     CLIError,
@@ -279,6 +280,7 @@ def _publish(producers: list[Producer], topic: str, batch: list[bytes], **where:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    configure_from_env(service_name="nsqclient-pub")  # OTEL_* environment, when the SDK is there
     if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
         raise UsageError("--nsqd-tcp-address or --lookupd-http-address required")
     if args.key is not None and args.partition is not None:

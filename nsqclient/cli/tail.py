@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from ..consumer import Consumer
 from ..message import Message
+from ..otel import configure_from_env
 from .common import (
     CLIError,
     StopSignals,
@@ -194,6 +195,7 @@ class Printer:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    configure_from_env(service_name="nsqclient-tail")  # OTEL_* environment, when the SDK is there
     check_sources(args)
     if args.json and args.print_topic:
         raise UsageError("--json already holds the topic; --print-topic does not apply")
