@@ -168,6 +168,11 @@ def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.skipif(
+    (3, 12, 0) <= sys.version_info[:3] <= (3, 12, 1),
+    reason="CPython 3.12.0-3.12.1 start no thread once the interpreter exits (gh-113964, fixed"
+    " in 3.12.2): the script's Producer, which had not connected yet, cannot connect at exit",
+)
 def test_an_unclosed_producer_delivers_at_exit(nsqd):
     node = nsqd.nsqd
     done = run_script(EXIT_SCRIPT, node.tcp_address, "1000", "10")
