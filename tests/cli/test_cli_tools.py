@@ -138,7 +138,13 @@ def test_tail_sigint_requeues_what_it_did_not_print_and_exits_0(nsqd, cli):
     printed = tail.proc.stdout.read().splitlines()  # drains the pipe; ends when tail exits
     assert tail.wait() == 0, tail.stderr
     assert "Traceback" not in tail.stderr
-    stats = wait_for(lambda: channel_stats(node, "cli_int", "c"), TIMEOUT)
+    # nsqd may still be reading the REQs the tail wrote just before it closed: wait for them
+    # (a message left in flight would stay so until msg_timeout, 60 s, and fail this wait)
+    stats = wait_for(
+        lambda: (c := channel_stats(node, "cli_int", "c")) and c["in_flight_count"] == 0 and c,
+        TIMEOUT,
+        message=lambda: f"left in flight: {channel_stats(node, 'cli_int', 'c')}",
+    )
     assert stats["in_flight_count"] == 0  # nothing left waiting for a timeout
     assert stats["requeue_count"] > 0  # received and not printed: handed back at once
     assert stats["depth"] + len(printed) == total
@@ -158,7 +164,11 @@ def test_tail_exits_0_when_its_reader_goes_away(nsqd, cli):
     tail.proc.stdout.close()  # like `| head -1`
     assert tail.wait() == 0, tail.stderr
     assert "Traceback" not in tail.stderr
-    stats = wait_for(lambda: channel_stats(node, "cli_pipe", "c"), TIMEOUT)
+    stats = wait_for(
+        lambda: (c := channel_stats(node, "cli_pipe", "c")) and c["in_flight_count"] == 0 and c,
+        TIMEOUT,
+        message=lambda: f"left in flight: {channel_stats(node, 'cli_pipe', 'c')}",
+    )
     assert stats["in_flight_count"] == 0
     assert stats["requeue_count"] >= 1  # the message it could not print went back at once
     assert stats["depth"] >= 1
