@@ -109,6 +109,9 @@ def test_a_pub_to_a_killed_leader_waits_and_says_so_when_its_timeout_runs_out():
         try:
             producer.pub("yz_alone", b"before")
             c.kill_nsqd(c.partition_leader("yz_alone", 0))
+            # (a publish written before the Producer saw the connection drop would be in
+            # doubt, maybe_processed=True: this test is about the ones that come after)
+            wait_for(lambda: not any(e["connected"] for e in producer.stats()["nsqd"]), TIMEOUT)
             with pytest.raises(NSQTimeoutError, match="nothing was sent"):
                 producer.pub("yz_alone", b"after")
             future = producer.pub_async("yz_alone", b"async")
