@@ -27,19 +27,17 @@ class Backlog:
 
     def __init__(self, name: str):
         self.name = name
-        self._jobs: deque[Job] = deque()
+        #: the jobs waiting or running, oldest first (test its truth without the lock: a
+        #: publisher only needs to know whether it must queue behind some)
+        self.jobs: deque[Job] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition(self._lock)
 
-    def __len__(self) -> int:
-        """Jobs waiting or running."""
-        return len(self._jobs)
-
     def submit(self, job: Job) -> None:
         """Queue ``job``; start the thread when it is the only one."""
         with self._lock:
-            self._jobs.append(job)
+            self.jobs.append(job)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"nsq-backlog-{self.name}", daemon=True
@@ -49,16 +47,16 @@ class Backlog:
     def wait_empty(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every job has run; True if it has."""
         with self._idle:
-            return self._idle.wait_for(lambda: not self._jobs, max(timeout, 0.0))
+            return self._idle.wait_for(lambda: not self.jobs, max(timeout, 0.0))
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                if not self._jobs:
+                if not self.jobs:
                     self._thread = None
                     self._idle.notify_all()
                     return
-                job = self._jobs[0]
+                job = self.jobs[0]
             try:
                 job()
             except Exception:
@@ -66,4 +64,4 @@ class Backlog:
             # Popped only once it ran: a publish made meanwhile sees a backlog and queues
             # behind it, rather than overtaking it on a connection that just came up.
             with self._lock:
-                self._jobs.popleft()
+                self.jobs.popleft()

@@ -487,8 +487,9 @@ class Producer(RoutedPublishing):
         if self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         errors = []
-        down: list[_Slot] = []
-        cold: list[_Slot] = []
+        #: addresses passed over: not connected yet (connect=False), or unreachable (made only
+        #: when there is one: this is every publish's path)
+        passed: list[_Slot] | None = None
         count = protocol.published_count(command)
         if slots is None:
             slots = self._slots
@@ -504,14 +505,14 @@ class Producer(RoutedPublishing):
             if not connect:
                 conn = slot.live()
                 if conn is None:
-                    cold.append(slot)
+                    passed = _passing(passed, slot)
                     continue
             else:
                 conn = self._connection(slot, deadline)
             if conn is None:
                 slot.skipped += 1
                 errors.append(f"{slot.address}: {slot.last_error}")
-                down.append(slot)
+                passed = _passing(passed, slot)
                 continue
             future = conn.request(command, make_future(), count)
             if _not_processed(future) and not connect:
@@ -531,10 +532,11 @@ class Producer(RoutedPublishing):
                 future.nsqd_address = slot.address  # type: ignore[attr-defined]
             else:
                 future.conn = conn
-            for other in cold:
-                self._warm(other)
-            for other in down:
-                _warn_failover(other, slot.address)
+            for other in passed or ():
+                if connect:
+                    _warn_failover(other, slot.address)
+                else:
+                    self._warm(other)
             return future
         if not connect:
             return None
@@ -563,8 +565,8 @@ class Producer(RoutedPublishing):
         """A classic asynchronous publish: written at once on a ready connection, or handed
         to the backlog (connecting there, within ``pub_timeout``) when none is ready or
         earlier publishes wait there, so that one caller's publishes keep their order."""
-        if not len(self._backlog):
-            future = self._submit_live(command)
+        if not self._backlog.jobs:
+            future = self._submit_to(command, None, RequestFuture, None, False)
             if future is not None:
                 return future
         elif self._closed:
@@ -728,6 +730,14 @@ def _not_processed(future: Future | Waiter) -> bool:
         return False
     exc = future.exception()
     return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
+
+
+def _passing(passed: list[_Slot] | None, slot: _Slot) -> list[_Slot]:
+    """``passed`` with ``slot`` added (the list made on the first one)."""
+    if passed is None:
+        return [slot]
+    passed.append(slot)
+    return passed
 
 
 def _warn_failover(slot: _Slot, used: str) -> None:

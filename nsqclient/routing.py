@@ -409,7 +409,7 @@ class RoutedPublishing:
             attempt(0)
 
         try:
-            if len(self._backlog) or not attempt(0, inline=True):
+            if self._backlog.jobs or not attempt(0, inline=True):
                 self._backlog.submit(first_attempt)
         except BaseException:
             self._forget_routed(outer)
