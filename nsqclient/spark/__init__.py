@@ -25,8 +25,9 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from .options import SinkOptions, SourceOptions
+from .preflight import WorkerPythonError, check_worker_python
 from .rows import SCHEMA_DDL
-from .sink import NSQStreamWriter, NSQWriter, body_column
+from .sink import NSQStreamWriter, NSQWriter, check_frame
 from .source import NSQInputPartition, NSQStreamReader
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "NSQWriter",
     "NSQInputPartition",
     "SCHEMA_DDL",
+    "WorkerPythonError",
     "register",
 ]
 
@@ -57,15 +59,30 @@ class NSQDataSource(DataSource):
 
     def writer(self, schema: Any, overwrite: bool) -> NSQWriter:
         """The batch writer (``df.write.format("nsq")``); ``overwrite`` means nothing here."""
-        body_column(schema.fieldNames())
-        return NSQWriter(SinkOptions.parse(self.options))
+        options = SinkOptions.parse(self.options)
+        check_frame(schema.fieldNames(), options)
+        return NSQWriter(options)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> NSQStreamWriter:  # noqa: N802
         """The streaming writer (``df.writeStream.format("nsq")``)."""
-        body_column(schema.fieldNames())
-        return NSQStreamWriter(SinkOptions.parse(self.options))
+        options = SinkOptions.parse(self.options)
+        check_frame(schema.fieldNames(), options)
+        return NSQStreamWriter(options)
 
 
-def register(spark: Any) -> None:
-    """Register :class:`NSQDataSource` as the format ``"nsq"`` in the session ``spark``."""
+def register(spark: Any, check_python: bool = True) -> None:
+    """Register :class:`NSQDataSource` as the format ``"nsq"`` in the session ``spark``.
+
+    With ``check_python`` (the default), first check that the Python Spark starts for the data
+    source (``$PYSPARK_PYTHON`` when the session started, else ``python3``) can import
+    nsqclient and pyarrow, and raise :class:`WorkerPythonError` naming it and
+    ``PYSPARK_PYTHON`` when it cannot (instead of a bare ``ModuleNotFoundError`` from inside
+    Spark at the first query).  Costs nothing when that Python is the driver's own."""
+    if check_python:
+        try:
+            executable = spark.sparkContext.pythonExec
+        except Exception:  # Spark Connect: no SparkContext here, the server starts the workers
+            executable = None
+        if isinstance(executable, str) and executable:
+            check_worker_python(executable)
     spark.dataSource.register(NSQDataSource)

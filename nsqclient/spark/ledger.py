@@ -13,6 +13,7 @@ them again to this one: a batch that starts from such an offset starts at the fi
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -76,6 +77,14 @@ class Ledger:
             self._cond.notify_all()
             return self._first_seq + len(self._held) - 1
 
+    def add_many(self, messages: Iterable[Any]) -> int:
+        """Hold ``messages`` in their order (one lock round for all); return the last seq."""
+        with self._cond:
+            self._held.extend(messages)
+            self._last_arrival = self._clock()
+            self._cond.notify_all()
+            return self._first_seq + len(self._held) - 1
+
     def __len__(self) -> int:
         with self._cond:
             return len(self._held)
@@ -115,32 +124,50 @@ class Ledger:
             low = self._low(start)
             first = low + 1 - self._first_seq
             last = min(end_seq, self._first_seq + len(self._held) - 1) + 1 - self._first_seq
-            return [self._held[i] for i in range(max(first, 0), max(last, 0))]
+            # islice walks the deque once; indexing it costs O(n) per item in the middle
+            return list(itertools.islice(self._held, max(first, 0), max(last, 0)))
 
-    def wait_until(
+    def wait_for_batch(
         self,
         start: Mapping[str, Any],
         limit: int | None,
-        capacity: int,
-        idle: float,
+        *,
+        deadline: float,
+        gap: float,
+        empty_wait: float,
+        full: Callable[[], bool],
         stop: threading.Event,
+        poll: float = 0.005,
     ) -> None:
-        """Block until ``limit`` messages are held after ``start``, or ``capacity`` messages
-        are held in all (nsqd sends no more until some are answered), or no message arrived for
-        ``idle`` seconds, or ``stop`` is set.  Used by Trigger.AvailableNow."""
+        """Block while a batch starting at ``start`` is still filling, i.e. until one of:
+
+        * ``limit`` messages are held after ``start``;
+        * ``full()`` says nsqd will send no more (every connection's RDY is used);
+        * messages are held after ``start`` and none arrived for ``gap`` seconds;
+        * none is held after ``start`` and none arrived for ``empty_wait`` seconds since the
+          call (0: return at once);
+        * the clock reaches ``deadline``, or ``stop`` is set.
+
+        ``full`` is asked every ``poll`` seconds (it reads connection counters, no lock of
+        ours)."""
         began = self._clock()
         with self._cond:
             while not stop.is_set():
+                now = self._clock()
                 count = self._first_seq + len(self._held) - 1 - self._low(start)
                 if limit is not None and count >= limit:
                     return
-                if len(self._held) >= capacity:
-                    return
                 quiet_since = max(began, self._last_arrival or began)
-                remaining = quiet_since + idle - self._clock()
-                if remaining <= 0:
+                if count > 0:
+                    wake = quiet_since + gap
+                else:
+                    wake = began + empty_wait
+                wake = min(wake, deadline)
+                if now >= wake:
                     return
-                self._cond.wait(min(remaining, 0.1))
+                if count > 0 and full():
+                    return
+                self._cond.wait(min(wake - now, poll))
 
     # ------------------------------------------------------------------ messages out
 

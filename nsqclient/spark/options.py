@@ -31,6 +31,10 @@ SOURCE_OPTIONS: dict[str, tuple[str | None, str]] = {
         "2.0",
         "seconds without a new message after which Trigger.AvailableNow ends",
     ),
+    "fillTimeout": (
+        "0.1",
+        "seconds a batch waits at most for nsqd to refill what the last batch's FINs freed",
+    ),
 }
 
 #: options of the sink that are not Config options
@@ -148,6 +152,15 @@ def _positive_int(value: str | None, name: str) -> int | None:
     return number
 
 
+def _seconds(value: str | None, name: str, default: float) -> float:
+    if value is None or not value.strip():
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, not {value!r}") from None
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The source's parsed options.
@@ -158,6 +171,7 @@ class SourceOptions:
         max_messages_per_batch: most messages in a micro-batch (None: all held).
         num_partitions: Spark partitions a micro-batch is split into.
         available_now_idle_timeout: seconds without a message that end Trigger.AvailableNow.
+        fill_timeout: seconds ``latestOffset`` waits at most for nsqd to refill (0: never).
         consumer_options: keyword arguments for :class:`~nsqclient.Consumer`.
     """
 
@@ -168,6 +182,7 @@ class SourceOptions:
     max_messages_per_batch: int | None = None
     num_partitions: int = 1
     available_now_idle_timeout: float = 2.0
+    fill_timeout: float = 0.1
     consumer_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -187,15 +202,12 @@ class SourceOptions:
             raise ValueError(
                 "the nsq source needs 'nsqd_tcp_addresses' or 'lookupd_http_addresses'"
             )
-        idle_text = mine["availableNowIdleTimeout"] or "2.0"
-        try:
-            idle = float(idle_text)
-        except ValueError:
-            raise ValueError(
-                f"availableNowIdleTimeout must be a number of seconds, not {idle_text!r}"
-            ) from None
+        idle = _seconds(mine["availableNowIdleTimeout"], "availableNowIdleTimeout", 2.0)
         if not idle > 0:
             raise ValueError(f"availableNowIdleTimeout must be > 0 seconds, not {idle}")
+        fill = _seconds(mine["fillTimeout"], "fillTimeout", 0.1)
+        if not 0 <= fill <= 60:
+            raise ValueError(f"fillTimeout must be between 0 and 60 seconds, not {fill}")
         consumer_options = {**SOURCE_CONFIG_DEFAULTS, **config}
         if consumer_options["max_in_flight"] < 1:
             raise ValueError("max_in_flight must be >= 1 for the nsq source")
@@ -209,6 +221,7 @@ class SourceOptions:
             ),
             num_partitions=_positive_int(mine["numPartitions"], "numPartitions") or 1,
             available_now_idle_timeout=idle,
+            fill_timeout=fill,
             consumer_options=consumer_options,
         )
 

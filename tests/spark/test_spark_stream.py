@@ -6,60 +6,25 @@ workers are other processes that reach it over TCP on 127.0.0.1.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import tempfile
+import threading
 from typing import Any
 
 import pytest
 from spark_helpers import (
     channel_stats,
+    committed_batches,
+    in_flight,
     pids_connected_to,
+    pipeline,
     publish_numbered,
+    upper,
 )
 
 from nsqclient.testing.waiting import wait_for
-
-
-def pipeline(
-    spark: Any, source_address: str, sink_address: str, checkpoint: str, **options: str
-) -> Any:
-    """A query reading topic ``a`` (channel ``spark``), upper-casing the bodies and
-    publishing them to topic ``b``."""
-    reader = (
-        spark.readStream.format("nsq")
-        .option("topic", "a")
-        .option("channel", "spark")
-        .option("nsqd_tcp_addresses", source_address)
-        .option("numPartitions", "2")
-    )
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return (
-        reader.load()
-        .selectExpr("upper(cast(body as string)) as body")
-        .writeStream.format("nsq")
-        .option("topic", "b")
-        .option("nsqd_tcp_addresses", sink_address)
-        .option("checkpointLocation", checkpoint)
-    )
-
-
-def upper(bodies: set[bytes]) -> set[bytes]:
-    return {b.upper() for b in bodies}
-
-
-def committed_batches(checkpoint: str) -> list[int]:
-    """Batch ids in the checkpoint's commit log."""
-    path = os.path.join(checkpoint, "commits")
-    if not os.path.isdir(path):
-        return []
-    return sorted(int(name) for name in os.listdir(path) if name.isdigit())
-
-
-def in_flight(node: Any, topic: str = "a", channel: str = "spark") -> int:
-    stats = channel_stats(node, topic, channel)
-    assert stats is not None, f"no channel {topic}/{channel} on {node}"
-    return int(stats["in_flight_count"])
 
 
 @pytest.mark.timeout(300)
@@ -279,3 +244,101 @@ def test_a_frame_without_a_body_column_is_refused_before_any_task(spark: Any, ns
             .mode("append")
             .save()
         )
+
+
+@pytest.mark.timeout(120)
+def test_the_sink_publishes_keyed_rows_to_the_keys_partition_and_honours_partition(
+    spark: Any,
+) -> None:
+    from nsqclient import Consumer
+    from nsqclient.partitions import key_partition
+    from nsqclient.testing import EmbeddedNSQ
+
+    with EmbeddedNSQ(youzan=True, nsqd_count=2) as cluster:
+        cluster.create_topic("yz_sink", partitions=4, replica=1, multi_part=True)
+        cluster.create_channel("yz_sink", "check")
+        rows = [(f"k{i}".encode(), f"user{i % 9}", None) for i in range(120)]
+        rows += [(f"p{i}".encode(), f"user{i % 9}", 2) for i in range(30)]  # partition wins
+        rows += [(f"n{i}".encode(), None, None) for i in range(40)]  # round-robin
+        frame = spark.createDataFrame(rows, "body binary, key string, partition int")
+        (
+            frame.repartition(2)
+            .write.format("nsq")
+            .option("topic", "yz_sink")
+            .option("lookupd_http_addresses", cluster.lookupd.http_address)
+            .option("maxMessagesPerMpub", "16")
+            .mode("append")
+            .save()
+        )
+        landed: dict[bytes, int] = {}
+        lock = threading.Lock()
+
+        def handle(message: Any) -> None:
+            with lock:
+                landed[message.body] = message.partition
+
+        consumer = Consumer(
+            "yz_sink",
+            "check",
+            handle,
+            lookupd_http_addresses=[cluster.lookupd.http_address],
+            max_in_flight=200,
+        )
+        consumer.start()
+        try:
+            wait_for(lambda: len(landed) >= len(rows), timeout=30, message=lambda: str(len(landed)))
+        finally:
+            consumer.stop(timeout=5)
+    for body, key, partition in rows:
+        if partition is not None:
+            assert landed[body] == partition, body
+        elif key is not None:
+            # the partition Producer.pub(key=) picks for this key
+            assert landed[body] == key_partition(key, 4), body
+    # Rows with neither go round-robin: one partition per MPUB (16 rows), then the next.
+    assert len({landed[body] for body, key, _ in rows if key is None}) >= 2
+
+
+def load_example() -> Any:
+    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples")
+    spec = importlib.util.spec_from_file_location(
+        "spark_pipeline_example", os.path.join(path, "spark_pipeline.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(180)
+def test_the_example_uses_its_own_channel_and_leaves_nothing_behind(
+    spark: Any, nsqd: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    from nsqclient import NsqdHTTPClient, Producer
+
+    example = load_example()
+    node = nsqd.nsqd
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes the checkpoint
+    # A fresh nsqd: its channel exists before the samples, which all come through.
+    said: list[str] = []
+    first = example.run(spark, node.tcp_address, node.http_address, clicks=100, say=said.append)
+    assert first == {"published": 100, "read": 100, "arrived": 50, "expected": 50}
+    checkpoint = said[0].rpartition("checkpoint ")[2]
+    assert checkpoint.startswith(str(tmp_path))
+    assert not os.path.exists(checkpoint)  # the temporary checkpoint is gone
+    # The clicks/spark channel was made for that run only; the counter's was ephemeral.
+    assert channel_stats(node, "clicks", "spark") is None
+    wait_for(lambda: channel_stats(node, "purchases", example.COUNTER) is None, timeout=10)
+    # A topic with a channel of the user's: no sample lands there, nothing of it is touched.
+    with NsqdHTTPClient(node.http_address) as http:
+        http.create_channel("clicks", "billing")
+    with Producer(node.tcp_address) as producer:
+        producer.mpub("clicks", [b"user1 /buy/1", b"user2 /home"])
+    said.clear()
+    second = example.run(spark, node.tcp_address, node.http_address, clicks=100, say=said.append)
+    assert second == {"published": 0, "read": 0, "arrived": 0, "expected": 0}
+    assert any("not publishing sample clicks" in line and "billing" in line for line in said)
+    billing = channel_stats(node, "clicks", "billing")
+    assert billing is not None and billing["depth"] == 2
+    assert channel_stats(node, "clicks", "spark") is None
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("nsq-pipeline-")]

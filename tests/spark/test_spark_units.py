@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
 import threading
+import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -203,22 +209,88 @@ def test_ledger_due_for_touch() -> None:
     assert ledger.due_for_touch(131.0, {"a:1": 50.0}, 60.0) == [old, other]
 
 
-def test_ledger_wait_until_returns_on_limit_capacity_idle_and_stop() -> None:
-    stop = threading.Event()
-    start = {"session": "s", "seq": 0}
+def wait_args(**overrides: object) -> dict[str, object]:
+    args: dict[str, object] = {
+        "deadline": time.monotonic() + 30.0,
+        "gap": 30.0,
+        "empty_wait": 0.0,
+        "full": lambda: False,
+        "stop": threading.Event(),
+        "poll": 0.005,
+    }
+    args.update(overrides)
+    return args
+
+
+def test_ledger_add_many_numbers_in_order() -> None:
     ledger = Ledger("s")
-    added = threading.Thread(target=lambda: [ledger.add(FakeMessage(i)) for i in range(5)])
-    added.start()
-    ledger.wait_until(start, 5, capacity=100, idle=30.0, stop=stop)  # returns on the limit
-    added.join()
+    assert ledger.add_many([FakeMessage(i) for i in range(3)]) == 3
+    assert ledger.add(FakeMessage(3)) == 4
+    start = {"session": "s", "seq": 0}
+    assert [m.n for m in ledger.slice(start, ledger.latest(start, None))] == [0, 1, 2, 3]
+
+
+def test_wait_for_batch_returns_when_the_limit_is_held() -> None:
+    ledger = Ledger("s")
+    start = {"session": "s", "seq": 0}
+    adder = threading.Thread(target=lambda: [ledger.add(FakeMessage(i)) for i in range(5)])
+    adder.start()
+    ledger.wait_for_batch(start, 5, **wait_args())  # type: ignore[arg-type]
+    adder.join()
     assert ledger.available(start) == 5
-    ledger.wait_until(start, None, capacity=5, idle=30.0, stop=stop)  # capacity reached
-    stop.set()
-    ledger.wait_until(start, None, capacity=100, idle=30.0, stop=stop)  # stopped
-    # Idle: nothing arrives for 0.05 s.
+
+
+def test_wait_for_batch_returns_when_nsqd_will_send_no_more() -> None:
+    ledger = ledger_with(2)
+    start = {"session": "s1", "seq": 0}
+    saturated = threading.Event()
+    threading.Thread(target=saturated.set).start()
+    began = time.monotonic()
+    ledger.wait_for_batch(start, None, **wait_args(full=saturated.is_set))  # type: ignore[arg-type]
+    assert time.monotonic() - began < 10
+    assert saturated.is_set()
+
+
+def test_wait_for_batch_cuts_after_a_quiet_gap_and_at_the_deadline() -> None:
+    ledger = ledger_with(2)
+    start = {"session": "s1", "seq": 0}
+    began = time.monotonic()
+    ledger.wait_for_batch(start, None, **wait_args(gap=0.05))  # type: ignore[arg-type]
+    assert 0.04 <= time.monotonic() - began < 10
+    # A stream that keeps coming is cut at the deadline.
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.005):
+            ledger.add(FakeMessage(0))
+
+    adder = threading.Thread(target=trickle)
+    adder.start()
+    try:
+        began = time.monotonic()
+        ledger.wait_for_batch(start, None, **wait_args(gap=5.0, deadline=began + 0.2))  # type: ignore[arg-type]
+        assert 0.19 <= time.monotonic() - began < 5
+    finally:
+        stop.set()
+        adder.join()
+
+
+def test_wait_for_batch_with_nothing_held() -> None:
+    start = {"session": "q", "seq": 0}
     quiet = Ledger("q")
-    quiet.wait_until(start, None, capacity=100, idle=0.05, stop=threading.Event())
-    assert quiet.available(start) == 0
+    began = time.monotonic()
+    quiet.wait_for_batch(start, None, **wait_args(empty_wait=0.0))  # type: ignore[arg-type]
+    quiet.wait_for_batch(start, None, **wait_args(empty_wait=0.05))  # type: ignore[arg-type]
+    assert 0.04 <= time.monotonic() - began < 10
+    # The first message ends the empty wait; a quiet gap after it ends the batch.
+    adder = threading.Timer(0.05, lambda: quiet.add(FakeMessage(1)))
+    adder.start()
+    quiet.wait_for_batch(start, None, **wait_args(empty_wait=30.0, gap=0.05))  # type: ignore[arg-type]
+    adder.join()
+    assert quiet.available(start) == 1
+    stopped = threading.Event()
+    stopped.set()
+    quiet.wait_for_batch(start, 10, **wait_args(empty_wait=30.0, stop=stopped))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------- rows
@@ -286,3 +358,74 @@ def test_body_column() -> None:
     assert body_column(["body", "value"]) == "body"
     with pytest.raises(ValueError, match="'body' or 'value'"):
         body_column(["payload"])
+
+
+def test_routing_columns_and_frame_checks() -> None:
+    from nsqclient.spark.sink import check_frame, routing_columns
+
+    assert routing_columns(["body", "Key", "PARTITION"]) == ("Key", "PARTITION")
+    assert routing_columns(["value"]) == (None, None)
+    direct = SinkOptions.parse({"topic": "out", "nsqd_tcp_addresses": "127.0.0.1:4150"})
+    check_frame(["body", "partition"], direct)
+    with pytest.raises(ValueError, match="needs the 'lookupd_http_addresses' option"):
+        check_frame(["body", "key"], direct)
+    looked_up = SinkOptions.parse({"topic": "out", "lookupd_http_addresses": "127.0.0.1:4161"})
+    check_frame(["body", "key"], looked_up)
+    with pytest.raises(ValueError, match="'body' or 'value'"):
+        check_frame(["key"], looked_up)
+
+
+def test_partitioned_chunks_keep_each_partitions_order() -> None:
+    from nsqclient.spark.sink import _partitioned_chunks
+
+    rows = [(i % 3 if i % 4 else None, f"m{i}".encode()) for i in range(20)]
+    chunks = list(_partitioned_chunks(iter(rows), 3, 10_000))
+    assert all(len(chunk) <= 3 for _, chunk in chunks)
+    for partition in (None, 0, 1, 2):
+        sent = [body for p, chunk in chunks if p == partition for body in chunk]
+        assert sent == [body for p, body in rows if p == partition]
+    with pytest.raises(ValueError, match="null body"):
+        list(_partitioned_chunks(iter([(1, None)]), 3, 100))  # type: ignore[list-item]
+
+
+# ---------------------------------------------------------------------------------- preflight
+
+
+def python_without_site_packages(tmp_path: Any) -> str:
+    """An interpreter like Spark's python3 on a machine where nsqclient's dependencies are
+    not installed: this Python without its site-packages, nsqclient's sources on its path."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = tmp_path / "python-bare"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} -S "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_register_names_pyspark_python_when_spark_python_lacks_dependencies(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    pytest.importorskip("pyspark")
+    import nsqclient.spark
+    from nsqclient.spark.preflight import check_worker_python
+
+    bare = python_without_site_packages(tmp_path)
+    monkeypatch.setenv("PYSPARK_PYTHON", bare)
+    registered: list[Any] = []
+    spark = SimpleNamespace(
+        sparkContext=SimpleNamespace(pythonExec=bare),
+        dataSource=SimpleNamespace(register=registered.append),
+    )
+    with pytest.raises(nsqclient.spark.WorkerPythonError) as failure:
+        nsqclient.spark.register(spark)
+    text = str(failure.value)
+    assert "PYSPARK_PYTHON" in text and bare in text
+    assert "No module named" in text  # what that Python lacks (snappy, here)
+    assert f"PYSPARK_PYTHON={sys.executable}" in text
+    assert registered == []
+    # This interpreter (the normal case) passes at no cost; so does skipping the check.
+    check_worker_python(sys.executable)
+    nsqclient.spark.register(spark, check_python=False)
+    assert registered == [nsqclient.spark.NSQDataSource]
+    missing = str(tmp_path / "no-such-python")
+    with pytest.raises(nsqclient.spark.WorkerPythonError, match="cannot be started"):
+        check_worker_python(missing)

@@ -1,0 +1,78 @@
+"""The nsq data source on a Spark standalone cluster (a master and 2 workers of 1 core, started
+from pyspark's own spark-class by the ``standalone_cluster`` fixture): executors in other
+processes (other JVMs, other Python workers) read the rows the driver-side reader cut and
+publish them; one test kills a worker, executor and all, mid-run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from spark_helpers import channel_stats, in_flight, pipeline, publish_numbered, upper
+
+from nsqclient.testing.waiting import wait_for
+
+
+@pytest.mark.timeout(240)
+def test_a_pipeline_on_a_standalone_cluster_moves_every_message(
+    cluster_spark: Any,
+    standalone_cluster: Any,
+    nsqd: Any,
+    tmp_path: Any,
+    queries: list[Any],
+    collect: Any,
+) -> None:
+    assert standalone_cluster.alive_workers(standalone_cluster.state()) == 2
+    address = nsqd.nsqd.tcp_address
+    sent = publish_numbered(address, "a", 10_000)
+    out = collect(address, "b")
+    query = pipeline(
+        cluster_spark, address, address, str(tmp_path / "ck"), maxMessagesPerBatch="2500"
+    ).start()
+    queries.append(query)
+    out.wait_count(10_000, timeout=180)
+    assert out.bodies == upper(sent)
+    wait_for(lambda: in_flight(nsqd.nsqd) == 0, timeout=15, message="messages left in flight")
+    assert query.isActive
+    # The rows were published by executors on both workers (the source cut 2 partitions).
+    apps = standalone_cluster.state().get("activeapps") or []
+    assert apps and apps[0]["cores"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_mid_run_loses_nothing(
+    cluster_spark: Any,
+    standalone_cluster: Any,
+    nsqd: Any,
+    tmp_path: Any,
+    queries: list[Any],
+    collect: Any,
+) -> None:
+    address = nsqd.nsqd.tcp_address
+    sent = publish_numbered(address, "a", 20_000)
+    out = collect(address, "b")
+    query = pipeline(
+        cluster_spark, address, address, str(tmp_path / "ck"), maxMessagesPerBatch="1000"
+    ).start()
+    queries.append(query)
+    out.wait_count(2_000, timeout=120)
+    executors = standalone_cluster.executor_pids(0)
+    assert executors, "worker 0 runs no executor"
+    standalone_cluster.kill_worker(0)  # SIGKILL to the worker and its executor: a machine gone
+    try:
+        wait_for(
+            lambda: standalone_cluster.alive_workers(standalone_cluster.state()) == 1,
+            timeout=90,
+            message="the master still lists the killed worker as alive",
+        )
+        # The tasks it ran are run again on the other worker; the query goes on.
+        out.wait_count(20_000, timeout=200)
+        assert out.bodies == upper(sent)
+        assert query.isActive and query.exception() is None
+        wait_for(lambda: in_flight(nsqd.nsqd) == 0, timeout=15, message="messages left in flight")
+        stats = channel_stats(nsqd.nsqd, "a", "spark")
+        assert stats is not None and stats["depth"] == 0
+    finally:
+        query.stop()
+        standalone_cluster.start_worker(0)

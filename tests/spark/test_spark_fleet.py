@@ -1,0 +1,98 @@
+"""The source's Consumers (nsqclient.spark.fleet) against the test broker, without Spark:
+max_in_flight held whatever nsqd's --max-rdy-count, FIN in bulk, requeue on stop."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from spark_helpers import channel_stats, publish_numbered
+
+from nsqclient.spark.fleet import Fleet, split
+from nsqclient.spark.ledger import Ledger
+from nsqclient.testing.waiting import wait_for
+
+
+def test_split() -> None:
+    assert split(10, 3) == [4, 3, 3]
+    assert split(2500, 1) == [2500]
+    assert sum(split(50_000, 20)) == 50_000
+
+
+def in_flight(node: Any, topic: str, channel: str) -> int:
+    stats = channel_stats(node, topic, channel)
+    return 0 if stats is None else int(stats["in_flight_count"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("max_rdy_count", [2500, 1000])
+def test_the_fleet_holds_max_in_flight_whatever_nsqds_max_rdy_count(
+    nsq_cluster_factory: Any, max_rdy_count: int
+) -> None:
+    cluster = nsq_cluster_factory(nsqd_count=1, lookupd=False, max_rdy_count=max_rdy_count)
+    node = cluster.nsqd
+    publish_numbered(node.tcp_address, "f", 7_000)
+    ledger = Ledger("s")
+    fleet = Fleet("f", "spark", ledger.add_many, 6_000, nsqd_tcp_addresses=[node.tcp_address])
+    fleet.start()
+    try:
+        # 2500 assumed at first: three Consumers; an nsqd capping RDY at 1000 makes it six.
+        wait_for(lambda: fleet.connections(), timeout=10)
+        wait_for(
+            lambda: fleet.adjust() or len(fleet.consumers) == -(-6_000 // max_rdy_count),
+            timeout=10,
+            message=lambda: f"{len(fleet.consumers)} consumers",
+        )
+        assert sum(c.max_in_flight for c in fleet.consumers) == 6_000
+        # One connection could hold at most max_rdy_count messages; the fleet holds 6000.
+        wait_for(lambda: len(ledger) == 6_000, timeout=30, message=lambda: f"{len(ledger)} held")
+        wait_for(fleet.saturated, timeout=10)
+        assert in_flight(node, "f", "spark") == 6_000
+        assert fleet.stats()["received"] == 6_000
+        # FIN the first 4000 in one write per connection: nsqd sends the last 1000.
+        fleet.finish(ledger.release_through(4_000))
+        wait_for(lambda: len(ledger) == 3_000, timeout=30, message=lambda: f"{len(ledger)} held")
+        assert fleet.stats()["finished"] == 4_000
+        wait_for(lambda: in_flight(node, "f", "spark") == 3_000, timeout=10)
+        # Paused (RDY 0 everywhere), a requeued message is not sent straight back.
+        assert fleet.pause()
+        held = ledger.release_all()
+        fleet.finish(held[:1000])
+        for message in held[1000:]:
+            message.requeue(delay=0, backoff=False)
+    finally:
+        fleet.stop(timeout=10)
+    stats = channel_stats(node, "f", "spark")
+    assert stats is not None
+    assert stats["in_flight_count"] == 0
+    assert stats["depth"] == 2_000  # the requeued ones wait for the next reader
+    assert stats["timeout_count"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_holding_consumer_with_max_tries_takes_messages_one_by_one(nsqd: Any) -> None:
+    address = nsqd.nsqd.tcp_address
+    publish_numbered(address, "g", 50)
+    ledger = Ledger("s")
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def hold(messages: list[Any]) -> None:
+        with lock:
+            calls.append(len(messages))
+        ledger.add_many(messages)
+
+    fleet = Fleet("g", "spark", hold, 100, nsqd_tcp_addresses=[address], max_tries=3)
+    fleet.start()
+    try:
+        wait_for(lambda: len(ledger) == 50, timeout=20)
+        assert set(calls) == {1}
+        assert all(
+            m.is_async()
+            for m in ledger.slice({"session": "s", "seq": 0}, {"session": "s", "seq": 50})
+        )
+        fleet.finish(ledger.release_all())
+    finally:
+        fleet.stop(timeout=10)
+    wait_for(lambda: in_flight(nsqd.nsqd, "g", "spark") == 0, timeout=10)
