@@ -71,7 +71,7 @@ class NSQDataSource(DataSource):
 
 
 def register(spark: Any, check_python: bool = True) -> None:
-    """Register :class:`NSQDataSource` as the format ``"nsq"`` in the session ``spark``.
+    """Register ``NSQDataSource`` as the format ``"nsq"`` in the session ``spark``.
 
     With ``check_python`` (the default), first check that the Python Spark starts for the data
     source (``$PYSPARK_PYTHON`` when the session started, else ``python3``) can import

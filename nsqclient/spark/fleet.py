@@ -12,9 +12,9 @@ announces a lower ``max_rdy_count`` than the 2500 assumed at the start.
 :class:`HoldingConsumer` is a Consumer tuned for a source that holds every message until Spark
 commits it:
 
-* its worker takes every message waiting for it at once and hands the list to ``hold`` (one
-  lock round and one thread wake-up per socket read rather than per message: measured 3.5 µs
-  less CPU per message in the reader's process);
+* no worker thread handles its messages: the reader threads leave them in the Consumer's work
+  queue, and the source takes them all at once when it needs them (:meth:`HoldingConsumer.take`:
+  no thread wake-up per socket read, no hand-off per message);
 * :meth:`HoldingConsumer.finish_all` FINishes many messages of one connection in one write
   (one queue put instead of one per message: ~12 µs less per message under load).
 
@@ -57,58 +57,51 @@ def split(total: int, parts: int) -> list[int]:
 
 
 class HoldingConsumer(Consumer):
-    """A Consumer whose handler is ``hold(messages)``: a list of messages, each already taken
-    over (``enable_async``), to be answered later with :meth:`finish_all` or
+    """A Consumer whose messages are taken in bulk with :meth:`take` (each already taken
+    over, as with ``enable_async``), to be answered later with :meth:`finish_all` or
     ``message.requeue()``.
 
-    With ``max_tries``, tracing or youzan's ordered mode, messages go one by one through the
-    Consumer's usual handler path (which implements those)."""
+    Its worker runs no handler: the reader threads leave what they receive in the work queue
+    (no worker is ever waiting, so none is woken) and :meth:`take` empties it.  With
+    ``max_tries``, tracing or youzan's ordered mode, messages go one by one through the
+    Consumer's usual handler path (which implements those) to ``hold([message])`` instead."""
 
     def __init__(
         self, topic: str, channel: str, hold: Callable[[list[Message]], None], **kwargs: Any
     ):
         self._hold = hold
         super().__init__(topic, channel, self._hold_one, **kwargs)
+        self.bulk = not (self._tracing or self.ordered or self._max_tries)
 
     def _hold_one(self, message: Message) -> None:
         message.enable_async()
         self._hold([message])
 
     def _work_loop(self, index: int) -> None:
-        if self._tracing or self.ordered or self._max_tries:
+        if not self.bulk:
             super()._work_loop(index)
             return
-        busy = self._busy
-        work = self._work
-        cond = self._work_cond
-        while True:
-            with cond:
-                while not work:
-                    if self._workers_exit:
-                        return
-                    self._idle_workers += 1
-                    try:
-                        cond.wait()
-                    finally:
-                        self._idle_workers -= 1
-                batch = list(work)
-                work.clear()
-                for message in batch:
-                    message._conn.queued -= 1  # type: ignore[union-attr]
-                busy[index] = True
-            try:
-                for message in batch:
-                    message._async = True
-                self._hold(batch)
-            except Exception:
-                logger.exception("holding %d messages failed; requeueing them", len(batch))
-                for message in batch:
-                    if not message.has_responded():
-                        message.requeue(delay=0, backoff=False)
-            finally:
-                busy[index] = False
-                if self._stopping.is_set():
-                    self._idle.set()
+        # Never counted idle, so the reader threads never wake this thread: it only waits
+        # for the Consumer to stop.
+        with self._work_cond:
+            while not self._workers_exit:
+                self._work_cond.wait()
+
+    def take(self) -> list[Message]:
+        """Every message received and not taken yet, in arrival order (bulk mode; [] else)."""
+        if not self.bulk:
+            return []
+        with self._work_cond:
+            if not self._work:
+                return []
+            batch = list(self._work)
+            self._work.clear()
+            # Everything queued was taken: no connection has a message waiting any more.
+            for conn, _ in itertools.groupby(batch, _conn_of):
+                conn.queued = 0
+        for message in batch:
+            message._async = True
+        return batch
 
     def finish_all(self, conn: Connection, messages: Sequence[Message]) -> None:
         """FIN ``messages`` (all received on ``conn``, none answered yet) in one write."""
@@ -227,6 +220,13 @@ class Fleet:
                     self.max_in_flight,
                 )
 
+    def take(self) -> list[Message]:
+        """Every message the Consumers received and nobody took yet."""
+        taken: list[Message] = []
+        for consumer in self.consumers:
+            taken += consumer.take()
+        return taken
+
     def connections(self) -> list[Connection]:
         """Every connection of every Consumer."""
         return [conn for consumer in self.consumers for conn in consumer.connections()]
@@ -294,7 +294,8 @@ class Fleet:
         return True
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every Consumer (CLS, then close: what was queued before is written first)."""
+        """Stop every Consumer (CLS, then close: what was queued before is written first).
+        A message that arrives meanwhile (sent before nsqd read RDY 0 or CLS) is requeued."""
         with self._lock:
             self._stopped = True
             consumers = list(self._consumers)
@@ -310,5 +311,10 @@ class Fleet:
         ]
         for t in threads:
             t.start()
+        pause = threading.Event()
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            for message in self.take():
+                message.requeue(delay=0, backoff=False)
+            pause.wait(0.02)
         for t in threads:
             t.join(max(deadline - time.monotonic(), 0.1))

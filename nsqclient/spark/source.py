@@ -1,24 +1,29 @@
-"""The streaming source: a driver-side Consumer holds messages until Spark commits them.
+"""The streaming source: driver-side Consumers hold messages until Spark commits them.
 
 Where things run (Spark 4 Python data sources):
 
 * ``latestOffset``, ``partitions``, ``commit`` and ``stop`` run in one long-lived Python
   process beside the driver, for the whole query.  :class:`NSQStreamReader` starts its
-  :class:`~nsqclient.Consumer` there, lazily, at the first ``latestOffset``: the reader object
-  is also built and pickled elsewhere (to make the executors' ``read``), so ``__init__`` opens
-  nothing.
-* The Consumer's handler takes every message over (``enable_async``) and appends it to a
-  :class:`~nsqclient.spark.ledger.Ledger`.  ``latestOffset`` cuts a batch from what is held;
-  ``partitions`` puts the batch's rows (an Arrow record batch) into the InputPartitions; the
-  executors' ``read`` yields them.  No executor talks to nsqd.
-* A message is FINished on the driver, on the connection it came on, once Spark has committed
-  its batch: at the next ``latestOffset`` (Spark calls it only after it wrote the batch's entry
-  in the checkpoint's commit log) or at ``commit``, whichever comes first.  Until then a
-  toucher thread TOUCHes it every half ``msg_timeout``.  When the reader stops, what it still
-  holds is requeued (REQ with no delay).
+  :class:`~nsqclient.spark.fleet.Fleet` there (``ceil(max_in_flight / max_rdy_count)``
+  Consumers, so that nsqd's per-connection RDY cap does not cap ``max_in_flight``), lazily, at
+  the first ``latestOffset``: the reader object is also built and pickled elsewhere (to make
+  the executors' ``read``), so ``__init__`` opens nothing.
+* The Consumers' reader threads leave what they receive in the Consumers' queues; the reader
+  takes it all into a :class:`~nsqclient.spark.ledger.Ledger` (numbered in arrival order) when
+  it cuts a batch, and every quarter ``msg_timeout``.  ``latestOffset`` FINishes the committed
+  batch, waits (at most ``fillTimeout``) for nsqd to refill what those FINs freed, and cuts
+  the next batch from what is held; ``partitions`` puts the batch's rows (an Arrow record
+  batch) into the InputPartitions; the executors' ``read`` yields them.  No executor talks to
+  nsqd.
+* A message is FINished on the driver, on the connection it came on (one write per connection
+  for the whole batch), once Spark has committed its batch: at the next ``latestOffset`` (Spark
+  calls it only after it wrote the batch's entry in the checkpoint's commit log) or at
+  ``commit``, whichever comes first.  Until then a toucher thread TOUCHes it every half
+  ``msg_timeout``.  When the reader stops, what it still holds is requeued (REQ with no delay,
+  after RDY 0 so that nsqd does not send it straight back).
 * Spark 4.3 does not call ``stop()`` when a query stops: it ends the reader's process with
   SIGTERM.  The reader therefore handles SIGTERM in that process (only where nobody else
-  installed a handler): it requeues what it holds, stops the Consumer, then dies of the signal
+  installed a handler): it requeues what it holds, stops the Consumers, then dies of the signal
   as Spark meant.  A SIGKILL (or a crash) leaves the messages to nsqd's ``msg_timeout``.
 """
 
@@ -86,6 +91,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._toucher: threading.Thread | None = None
         self._stopping = threading.Event()
         self._start_lock = threading.Lock()
+        # Taking from the Consumers and numbering in the ledger happen together.
+        self._take_lock = threading.Lock()
         # Serialises FIN, TOUCH and REQ: a message is never touched after it was answered.
         self._answer_lock = threading.Lock()
         self._available_now = False
@@ -138,6 +145,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             full = fleet.saturated
         else:
             full = _never
+        self._take()
         if self._available_now:
             idle = self.options.available_now_idle_timeout
             self._ledger.wait_for_batch(
@@ -148,6 +156,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 empty_wait=idle,
                 full=full,
                 stop=self._stopping,
+                refresh=self._take,
             )
         elif self.options.fill_timeout > 0:
             self._ledger.wait_for_batch(
@@ -158,7 +167,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 empty_wait=FILL_GAP if finished else 0.0,
                 full=full,
                 stop=self._stopping,
+                refresh=self._take,
             )
+        self._take()
         end = self._ledger.latest(start, max_rows)
         if end != start:
             logger.debug("batch planned: %s -> %s", start, end)
@@ -211,6 +222,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._fleet is not None:
                 # RDY 0 first: what is requeued below is not sent straight back to us.
                 self._fleet.pause()
+            self._take()
             with self._answer_lock:
                 held = self._ledger.release_all()
                 for message in held:
@@ -292,12 +304,22 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         signal.signal(signal.SIGTERM, on_sigterm)
 
     def _hold(self, messages: list[Message]) -> None:
-        # Runs on a Consumer worker thread: hold the messages until Spark commits them.
+        # Hold the messages until Spark commits them (on a Consumer worker thread when the
+        # Consumer hands them one by one, else from _take).
         if self._stopping.is_set():
             for message in messages:
                 message.requeue(delay=0, backoff=False)
             return
         self._ledger.add_many(messages)
+
+    def _take(self) -> None:
+        """Move what the Consumers received into the ledger (numbered in that order)."""
+        fleet = self._fleet
+        if fleet is not None:
+            with self._take_lock:
+                messages = fleet.take()
+                if messages:
+                    self._hold(messages)
 
     def _finish_through(self, offset: dict) -> int:
         """FIN every held message up to ``offset`` (if it is this reader's); how many."""
@@ -328,6 +350,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # three quarters of its timeout after its last delivery or touch.
             if self._stopping.wait(max(shortest / 4, 0.05)):
                 return
+            # Messages received since the last batch was cut wait in the Consumers: take them,
+            # so that they are touched too when a batch runs for long.
+            self._take()
             due = self._ledger.due_for_touch(time.monotonic(), timeouts, default)
             if not due:
                 continue

@@ -93,7 +93,7 @@ class StandaloneCluster:
         cores: int = 1,
         memory: str = "1g",
         python: str | None = None,
-        work_dir: str | os.PathLike[str] | None = None,
+        work_dir: str | None = None,
         start_timeout: float = 90.0,
     ):
         self.workers = workers

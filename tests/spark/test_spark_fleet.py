@@ -46,13 +46,25 @@ def test_the_fleet_holds_max_in_flight_whatever_nsqds_max_rdy_count(
         )
         assert sum(c.max_in_flight for c in fleet.consumers) == 6_000
         # One connection could hold at most max_rdy_count messages; the fleet holds 6000.
-        wait_for(lambda: len(ledger) == 6_000, timeout=30, message=lambda: f"{len(ledger)} held")
+        # They wait in the Consumers until taken (no worker thread handles them).
+        wait_for(
+            lambda: ledger.add_many(fleet.take()) == 6_000,
+            timeout=30,
+            message=lambda: f"{len(ledger)} held",
+        )
+        held = ledger.slice({"session": "s", "seq": 0}, {"session": "s", "seq": 6_000})
+        assert all(m.is_async() and not m.has_responded() for m in held)
         wait_for(fleet.saturated, timeout=10)
         assert in_flight(node, "f", "spark") == 6_000
         assert fleet.stats()["received"] == 6_000
         # FIN the first 4000 in one write per connection: nsqd sends the last 1000.
         fleet.finish(ledger.release_through(4_000))
-        wait_for(lambda: len(ledger) == 3_000, timeout=30, message=lambda: f"{len(ledger)} held")
+        wait_for(
+            lambda: ledger.add_many(fleet.take()) == 7_000,
+            timeout=30,
+            message=lambda: f"{len(ledger)} held",
+        )
+        assert len(ledger) == 3_000
         assert fleet.stats()["finished"] == 4_000
         wait_for(lambda: in_flight(node, "f", "spark") == 3_000, timeout=10)
         # Paused (RDY 0 everywhere), a requeued message is not sent straight back.
