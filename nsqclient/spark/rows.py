@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SCHEMA_DDL", "to_record_batch", "message_id_text", "signed64"]
+__all__ = ["SCHEMA_DDL", "to_record_batch", "to_ipc", "from_ipc", "message_id_text", "signed64"]
 
 #: The source's rows.  ``timestamp`` is when nsqd received the message (microsecond precision
 #: of nsqd's nanoseconds); ``partition``, ``offset`` and ``trace_id`` are youzan's (null on
@@ -117,3 +117,21 @@ def to_record_batch(messages: Sequence[Any], topic: str) -> Any:
         _nullable(trace_ids, pa.int64()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def to_ipc(batch: Any) -> bytes:
+    """``batch`` as an Arrow IPC stream holding only its own rows (a slice's share of the
+    buffers, where pickle would carry all of them)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> Any:
+    """The record batch :func:`to_ipc` wrote (its buffers point into ``data``: no copy)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(data).read_next_batch()

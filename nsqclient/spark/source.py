@@ -50,7 +50,7 @@ from ..message import Message
 from .fleet import Fleet
 from .ledger import Ledger
 from .options import SourceOptions
-from .rows import to_record_batch
+from .rows import from_ipc, to_ipc, to_record_batch
 
 __all__ = ["NSQStreamReader", "NSQInputPartition"]
 
@@ -65,11 +65,21 @@ FILL_GAP = 0.02
 
 
 class NSQInputPartition(InputPartition):
-    """One Spark partition of a micro-batch: its rows, as an Arrow record batch (or None)."""
+    """One Spark partition of a micro-batch: its rows, as an Arrow record batch (or None).
+
+    It travels to the executors as the Arrow IPC stream of its own rows only: pickling a
+    slice of a record batch would carry the whole batch's buffers, once per partition."""
 
     def __init__(self, index: int, batch: Any):
         super().__init__(index)
         self.batch = batch
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"value": self.value, "ipc": None if self.batch is None else to_ipc(self.batch)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.value = state["value"]
+        self.batch = None if state["ipc"] is None else from_ipc(state["ipc"])
 
     def __repr__(self) -> str:
         rows = 0 if self.batch is None else self.batch.num_rows

@@ -334,6 +334,25 @@ def test_record_batch_classic_and_youzan() -> None:
     assert rows[1]["trace_id"] == -(1 << 63) + 1
 
 
+
+def test_an_input_partition_carries_its_own_rows_only() -> None:
+    import pickle
+
+    from nsqclient.spark.rows import to_record_batch
+    from nsqclient.spark.source import NSQInputPartition
+
+    batch = to_record_batch([RowMessage(b"%05d" % i + b"x" * 195) for i in range(2_000)], "t")
+    whole = len(pickle.dumps(NSQInputPartition(0, batch)))
+    half = pickle.loads(pickle.dumps(NSQInputPartition(1, batch.slice(1_000, 1_000))))
+    assert half.value == 1
+    assert half.batch.equals(batch.slice(1_000, 1_000))
+    assert half.batch.column(0)[0].as_py().startswith(b"01000")
+    # A pickled slice of a record batch would carry every buffer of the whole batch.
+    assert len(pickle.dumps(NSQInputPartition(1, batch.slice(1_000, 1_000)))) < whole * 0.6
+    empty = pickle.loads(pickle.dumps(NSQInputPartition(2, None)))
+    assert (empty.value, empty.batch) == (2, None)
+
+
 # ---------------------------------------------------------------------------------- sink
 
 
