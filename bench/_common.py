@@ -345,6 +345,17 @@ def create_channel(http_address: str, topic: str, channel: str) -> None:
     _http_json(f"http://{http_address}/channel/create?{q}", method="POST")
 
 
+def fill_topic(broker: Broker, topic: str, channel: str, n: int) -> None:
+    """Create ``topic``/``channel`` and publish N 200-byte messages to it (MPUBs of 1000)."""
+    import nsqclient
+
+    create_channel(broker.http_address, topic, channel)
+    body = message_body()
+    with nsqclient.Producer(broker.tcp_address) as producer:
+        for i in range(0, n, 1000):
+            producer.mpub(topic, [body] * min(1000, n - i))
+
+
 def delete_topic(http_address: str, topic: str) -> None:
     """Delete a topic (and its messages) once a case is verified, so that a long run does not
     pile up messages in the broker's memory.  Failures are ignored."""

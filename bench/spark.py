@@ -21,6 +21,10 @@ Cases:
 * plain relay: Consumer whose handler gathers messages and, every 500 or when
   ``is_starved()``, MPUBs their upper-cased bodies, then FINs them.
 * nsq_to_nsq: Go's relay with its defaults (max-in-flight 200).
+* floor (``--cases floor``, not in the default set): the floor under the source.  A Python
+  data source with the nsq source's schema and transport (the same InputPartition, Arrow IPC)
+  whose rows were made up once in advance, ``max_in_flight`` per batch -> ``noop``: what Spark
+  itself costs per batch and per row, with no nsqd and no reader work at all.
 
 "sustained" is the rate from the first message out (finished on the source channel for the
 noop case, published to the target otherwise) to the last, from nsqd's ``/stats`` polled every
@@ -117,17 +121,6 @@ def finished_count(http: str, topic: str) -> int:
     return int(ch["message_count"]) - int(ch["depth"]) - int(ch["in_flight_count"])
 
 
-def fill(broker: common.Broker, topic: str, n: int) -> None:
-    """Create ``topic``/bench and publish N 200-byte messages to it."""
-    import nsqclient
-
-    common.create_channel(broker.http_address, topic, CHANNEL)
-    body = common.message_body()
-    with nsqclient.Producer(broker.tcp_address) as producer:
-        for i in range(0, n, 1000):
-            producer.mpub(topic, [body] * min(1000, n - i))
-
-
 def check_source(http: str, topic: str) -> str:
     ch = common.channel_stats(http, topic, CHANNEL) or {}
     bad = {k: ch.get(k) for k in ("depth", "in_flight_count", "requeue_count", "timeout_count")}
@@ -196,7 +189,7 @@ def relay_child(spec: dict[str, Any]) -> None:
 def relay_case(args: Any, broker: common.Broker, n: int) -> dict[str, Any]:
     source = common.fresh_topic("relay", "nsqclient")
     target = source + "_out"
-    fill(broker, source, n)
+    common.fill_topic(broker, source, CHANNEL, n)
     spec = {
         "client": "nsqclient",
         "case": "relay",
@@ -229,7 +222,7 @@ def nsq_to_nsq_case(args: Any, broker: common.Broker, n: int) -> dict[str, Any] 
         return None
     source = common.fresh_topic("relay", "go")
     target = source + "_out"
-    fill(broker, source, n)
+    common.fill_topic(broker, source, CHANNEL, n)
     argv = [
         binary,
         f"--nsqd-tcp-address={broker.tcp_address}",
@@ -372,6 +365,101 @@ def sink_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[st
     return {"sustained": s.rate(), "wall": n / elapsed}
 
 
+def floor_source() -> Any:
+    """The ``floor`` case's data source (see the module docstring)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, ReadAllAvailable
+
+    from nsqclient.spark.rows import SCHEMA_DDL, to_record_batch
+    from nsqclient.spark.source import NSQInputPartition
+
+    body = common.message_body()  # a value: the classes below must not refer to _common
+
+    class MadeUp:
+        def __init__(self, i: int):
+            self.id = b"%016x" % i
+            self.body = body
+            self.timestamp = 1_700_000_000_000_000_000 + i
+            self.attempts = 1
+            self.nsqd_address = "127.0.0.1:4150"
+
+    class FloorReader(DataSourceStreamReader):
+        def __init__(self, options: dict[str, str]):
+            self.total = int(options["rows"])
+            self.per_batch = int(options["batch"])
+            self.parts = int(options["numPartitions"])
+            self.rows: Any = None
+
+        def initialOffset(self) -> dict:  # noqa: N802
+            return {"seq": 0}
+
+        def getDefaultReadLimit(self) -> Any:  # noqa: N802
+            return ReadAllAvailable()
+
+        def latestOffset(self, start: dict, limit: Any) -> dict:  # noqa: N802
+            return {"seq": min(start["seq"] + self.per_batch, self.total)}
+
+        def partitions(self, start: dict, end: dict) -> list[Any]:
+            count = end["seq"] - start["seq"]
+            if count <= 0:
+                return []
+            if self.rows is None:
+                self.rows = to_record_batch([MadeUp(i) for i in range(self.per_batch)], "t")
+            size = -(-count // self.parts)
+            return [
+                NSQInputPartition(i, self.rows.slice(i * size, min(size, count - i * size)))
+                for i in range(self.parts)
+                if i * size < count
+            ]
+
+        def read(self, partition: Any) -> Any:
+            yield partition.batch
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "nsqfloor"
+
+        def schema(self) -> str:
+            return SCHEMA_DDL
+
+        def streamReader(self, schema: Any) -> Any:  # noqa: N802
+            return FloorReader(self.options)
+
+    return FloorSource
+
+
+def floor_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
+    n = spec["messages"]
+    spark.dataSource.register(floor_source())
+    frame = (
+        spark.readStream.format("nsqfloor")
+        .option("rows", str(n))
+        .option("batch", str(spec["max_in_flight"]))
+        .option("numPartitions", str(spec["partitions"]))
+        .load()
+    )
+    checkpoint = tempfile.mkdtemp(prefix="nsq-bench-ck-")
+    started = time.monotonic()
+    query = frame.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
+    done = lambda: sum(p.get("numInputRows", 0) for p in query.recentProgress)  # noqa: E731
+    with Sustained(done, n) as s:
+        s.wait(max(120.0, n / 200))
+        elapsed = time.monotonic() - started
+    progress = [p for p in query.recentProgress if p.get("numInputRows")]
+    query.stop()
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return {
+        "sustained": s.rate(),
+        "wall": n / elapsed,
+        "batches": len(progress),
+        "rows_per_batch": sum(p["numInputRows"] for p in progress) / max(len(progress), 1),
+        "durations": durations_of(progress),
+    }
+
+
 def spark_child(spec: dict[str, Any]) -> None:
     spark = spark_session(spec)
     results = []
@@ -379,6 +467,8 @@ def spark_child(spec: dict[str, Any]) -> None:
         for case in spec["cases"]:
             if case["kind"] == "sink":
                 results.append(sink_case(spark, spec, case))
+            elif case["kind"] == "floor":
+                results.append(floor_case(spark, spec, case))
             else:
                 results.append(stream_case(spark, spec, case))
     finally:
@@ -400,8 +490,8 @@ def spark_cases(
                 "target": source + "_out",
             }
         )
-        if kind != "sink":
-            fill(broker, source, n)
+        if kind in ("source", "pipe"):
+            common.fill_topic(broker, source, CHANNEL, n)
     spec = {
         "client": "spark",
         "case": mode,
@@ -419,14 +509,15 @@ def spark_cases(
         "source": "source -> noop",
         "sink": "df.write (sink)",
         "pipe": "source -> upper -> sink",
+        "floor": "floor: made-up rows -> noop",
     }
     rows = []
     for case, r in zip(cases, result["results"], strict=True):
         note = ""
-        if case["kind"] != "sink":
+        if case["kind"] in ("source", "pipe"):
             note += check_source(broker.http_address, case["source"])
             common.delete_topic(broker.http_address, case["source"])
-        if case["kind"] != "source":
+        if case["kind"] in ("sink", "pipe"):
             note += check_target(broker.http_address, case["target"], n)
             common.delete_topic(broker.http_address, case["target"])
         rows.append({"case": names[case["kind"]], "mode": mode, "ok": not note, "note": note, **r})
@@ -468,7 +559,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--cases",
         default="source,sink,pipe",
-        help="Spark cases, comma-separated: source, sink, pipe (default all)",
+        help="Spark cases, comma-separated: source, sink, pipe, floor (default: source, "
+        "sink, pipe)",
     )
     parser.add_argument(
         "--modes",
@@ -488,6 +580,9 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = set(args.cases) - {"source", "sink", "pipe", "floor"}
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if (args.cluster or args.master) and "cluster" not in modes:
         modes.append("cluster")
