@@ -324,12 +324,17 @@ def stream_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[
     common.wait_for(
         "nothing in flight", lambda: finished_count(http, source), lambda c: c >= n, timeout=30
     )
+    return stream_result(query, checkpoint, s.rate(), n / elapsed)
+
+
+def stream_result(query: Any, checkpoint: str, sustained: float | None, wall: float) -> dict:
+    """Stop ``query``, remove its checkpoint; the figures of a streaming case."""
     progress = [p for p in query.recentProgress if p.get("numInputRows")]
     query.stop()
     shutil.rmtree(checkpoint, ignore_errors=True)
     return {
-        "sustained": s.rate(),
-        "wall": n / elapsed,
+        "sustained": sustained,
+        "wall": wall,
         "batches": len(progress),
         "rows_per_batch": sum(p["numInputRows"] for p in progress) / max(len(progress), 1),
         "durations": durations_of(progress),
@@ -448,16 +453,7 @@ def floor_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[s
     with Sustained(done, n) as s:
         s.wait(max(120.0, n / 200))
         elapsed = time.monotonic() - started
-    progress = [p for p in query.recentProgress if p.get("numInputRows")]
-    query.stop()
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    return {
-        "sustained": s.rate(),
-        "wall": n / elapsed,
-        "batches": len(progress),
-        "rows_per_batch": sum(p["numInputRows"] for p in progress) / max(len(progress), 1),
-        "durations": durations_of(progress),
-    }
+    return stream_result(query, checkpoint, s.rate(), n / elapsed)
 
 
 def spark_child(spec: dict[str, Any]) -> None:
