@@ -334,7 +334,6 @@ def test_record_batch_classic_and_youzan() -> None:
     assert rows[1]["trace_id"] == -(1 << 63) + 1
 
 
-
 def test_an_input_partition_carries_its_own_rows_only() -> None:
     import pickle
 
