@@ -9,10 +9,12 @@ the broker, fills a fresh topic's channel with N 200-byte messages before the ch
 (so a profile holds the reading only) and checks nsqd's ``/stats`` after it: every message
 finished, nothing in flight.
 
-Per ``--max-in-flight`` value it prints rows/s (first ``latestOffset`` to the last batch), the
-child's CPU per message (all threads) and the mean time per batch of ``latestOffset`` and of
-``partitions`` + pickling.  With ``--profile DIR`` the child runs under py-spy (``--gil``: the
-thread holding the GIL) when found, else cProfile in every thread; see bench/README.rst.
+The child's GC thresholds are raised as the source raises them in Spark's own process (``--gc
+default`` keeps CPython's). Per ``--max-in-flight`` value it prints rows/s (first
+``latestOffset`` to the last batch), the child's CPU per message (all threads) and the mean
+time per batch of ``latestOffset`` and of ``partitions`` + pickling. With ``--profile DIR`` the
+child runs under py-spy (``--gil``: the thread holding the GIL) when found, else cProfile in
+every thread; see bench/README.rst.
 
     NSQ_BIN_DIR=/opt/nsq-bin .venv/bin/python bench/spark_reader.py -n 500000
     PY_SPY=/tmp/py-spy/bin/py-spy NSQ_BIN_DIR=/opt/nsq-bin \\
@@ -35,7 +37,10 @@ def child(spec: dict[str, Any]) -> None:
     from pyspark.sql.datasource import ReadAllAvailable
 
     from nsqclient.spark.options import SourceOptions
-    from nsqclient.spark.source import NSQStreamReader
+    from nsqclient.spark.source import NSQStreamReader, relax_gc
+
+    if spec["gc"] == "relaxed":
+        relax_gc()  # as in Spark's own source process (see nsqclient.spark.source)
 
     options = SourceOptions.parse(
         {
@@ -94,18 +99,33 @@ def main(argv: list[str]) -> int:
         help="the source's max_in_flight values to run, comma-separated (default 2500,50000)",
     )
     parser.add_argument("--partitions", type=int, default=2, help="numPartitions (default 2)")
+    parser.add_argument(
+        "--gc",
+        default="relaxed",
+        help="GC thresholds of the child, comma-separated runs: relaxed (what the source sets "
+        "in Spark's process), default (CPython's) (default relaxed)",
+    )
     common.add_profile_arguments(parser)
     args = parser.parse_args(argv)
     n = args.messages
     rows = []
     with common.open_broker(args, mem_queue_size=n + 1000) as broker:
         print(f"broker: {broker.description}; {common.describe_machine()}", file=sys.stderr)
-        for value in [int(v) for v in args.max_in_flight.split(",") if v.strip()]:
+        runs = [
+            (int(v), g)
+            for g in args.gc.split(",")
+            for v in args.max_in_flight.split(",")
+            if v.strip() and g.strip()
+        ]
+        for value, gc_mode in runs:
+            if gc_mode not in ("relaxed", "default"):
+                parser.error(f"--gc: unknown {gc_mode!r}")
             topic = common.fresh_topic("reader", str(value))
             common.fill_topic(broker, topic, CHANNEL, n)
             spec = {
                 "client": "nsqclient",
-                "case": f"spark-reader-{value}",
+                "case": f"spark-reader-{value}-{gc_mode}",
+                "gc": gc_mode,
                 "nsqd": broker.tcp_address,
                 "topic": topic,
                 "messages": n,
@@ -121,6 +141,7 @@ def main(argv: list[str]) -> int:
             rows.append(
                 [
                     f"{value:,}",
+                    gc_mode,
                     common.fmt_rate(r["rate"]),
                     f"{r['cpu_us']:.1f}",
                     str(r["batches"]),
@@ -132,6 +153,7 @@ def main(argv: list[str]) -> int:
     common.print_table(
         [
             "max_in_flight",
+            "GC",
             "rows/s",
             "CPU us/msg",
             "batches",

@@ -447,3 +447,26 @@ def test_register_names_pyspark_python_when_spark_python_lacks_dependencies(
     missing = str(tmp_path / "no-such-python")
     with pytest.raises(nsqclient.spark.WorkerPythonError, match="cannot be started"):
         check_worker_python(missing)
+
+
+def test_the_gc_is_relaxed_only_in_sparks_source_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from nsqclient.spark import source
+
+    assert not source.in_spark_source_runner()  # pytest's process is the user's: untouched
+    runner = SimpleNamespace(__spec__=SimpleNamespace(name=source.SPARK_SOURCE_RUNNER))
+    monkeypatch.setitem(sys.modules, "__main__", runner)
+    assert source.in_spark_source_runner()
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert source.relax_gc() == (700, 10, 10)
+        assert gc.get_threshold() == source.READER_GC_THRESHOLD
+        # Thresholds someone set higher already are kept.
+        gc.set_threshold(80_000, 5, 500)
+        source.relax_gc()
+        assert gc.get_threshold() == (80_000, 20, 500)
+    finally:
+        gc.set_threshold(*saved)
