@@ -87,8 +87,8 @@ def relax_gc() -> tuple[int, ...]:
     runs every few hundred messages and its older generations walk what is held.  Measured
     (bench/spark_reader.py, 50,000 in flight): 9-10 µs of CPU per message with the defaults,
     7-8 µs relaxed.  Messages are freed by reference counting when Spark commits them, not
-    by the collector, so they are not held longer.  Only done in Spark's dedicated source process (see
-    :func:`in_spark_source_runner`), never in a process the user owns."""
+    by the collector, so they are not held longer.  Only done in Spark's dedicated source
+    process (see :func:`in_spark_source_runner`), never in a process the user owns."""
     before = gc.get_threshold()
     gc.set_threshold(*(max(b, r) for b, r in zip(before, READER_GC_THRESHOLD, strict=True)))
     return before
