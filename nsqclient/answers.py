@@ -1,0 +1,173 @@
+"""What a request to nsqd returns: the objects its answer is delivered to.
+
+* :class:`RequestFuture`: a :class:`concurrent.futures.Future` that is cheap to make and to
+  complete (``pub_async()``, pipelined requests);
+* :class:`Waiter`: a lighter one-shot result for a caller that blocks until the answer
+  (``pub()``).
+
+A :class:`~nsqclient.conn.Connection` completes either with ``set_result`` /
+``set_exception`` when nsqd answers.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    RUNNING,
+)
+from typing import Any, TypeVar
+
+__all__ = ["AnyFuture", "RequestFuture", "Waiter"]
+
+
+class Waiter:
+    """A one-shot result for a blocking caller: lighter than a concurrent.futures.Future (one
+    pre-acquired lock, released once the result is in).  Has the part of the Future interface a
+    Connection uses: ``set_result``, ``set_exception``, ``done``.
+
+    Any number of threads may wait on it: each waiter that gets the lock releases it at once,
+    so the next one gets it too (a publish's answer must reach both ``pub()`` and a ``close()``
+    waiting for it).  The first ``set_*`` wins; later ones are ignored.
+    """
+
+    __slots__ = ("_lock", "_result", "_exception", "_done", "conn", "reading")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._done = False
+        #: the Connection the request went to (set by whoever sends it), for read_until();
+        #: typed Any because conn.py imports this module, not the other way round
+        self.conn: Any = None
+        #: True while its caller holds that connection's reading (see Connection.read_until)
+        self.reading = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        if self._done:
+            return
+        self._result = result
+        self._done = True
+        self._lock.release()
+
+    def set_exception(self, exception: BaseException) -> None:
+        if self._done:
+            return
+        self._exception = exception
+        self._done = True
+        self._lock.release()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait up to ``timeout`` seconds; raise TimeoutError if still not done."""
+        if not self._done:
+            if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                raise TimeoutError
+            self._lock.release()  # wake the next waiter, if any
+        return self._exception
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds for the result; raise its exception, or
+        TimeoutError."""
+        exc = self.exception(timeout)
+        if exc is not None:
+            raise exc
+        return self._result
+
+
+_DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_condition_lock = threading.Lock()
+# Lent to every RequestFuture first asked for its Condition once finished: nobody ever waits
+# to be notified on a finished future, so they can share one (an RLock, as wait() holds all
+# the Conditions of its futures at once).
+_finished_condition = threading.Condition(threading.RLock())
+
+
+class RequestFuture(Future):
+    """A :class:`concurrent.futures.Future` for a request already on its way (so it starts
+    RUNNING and cannot be cancelled), cheap to make and to complete: its Condition is made
+    only when some thread has to wait on it (``result()`` before the answer, ``wait()``,
+    ``as_completed()``, ``add_done_callback()``).  Everything a Future offers works.
+
+    Completing it never blocks on a lock nobody waits on: the state is written first, then
+    waiters, if any, are woken under the Condition; a waiter makes the Condition first and
+    reads the state under it, so one of the two always sees the other.
+    """
+
+    def __init__(self) -> None:  # no super().__init__(): it would make the Condition now
+        self._cond: threading.Condition | None = None
+        self._state = RUNNING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        cond = self._cond
+        if cond is None and self._state == FINISHED:
+            return _finished_condition
+        if cond is None:
+            with _condition_lock:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    def done(self) -> bool:
+        return self._state in _DONE
+
+    def running(self) -> bool:
+        return self._state == RUNNING
+
+    def cancelled(self) -> bool:
+        return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def set_result(self, result: Any) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._finish(None, exception)
+
+    def _finish(self, result: Any, exception: BaseException | None) -> None:
+        if self._state in _DONE:
+            from concurrent.futures import InvalidStateError
+
+            raise InvalidStateError(f"{self._state}: {self!r}")
+        self._result = result
+        self._exception = exception
+        self._state = FINISHED
+        cond = self._cond
+        if cond is not None:
+            with cond:
+                for waiter in self._waiters:
+                    if exception is None:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+                cond.notify_all()
+        if self._done_callbacks:
+            self._invoke_callbacks()  # type: ignore[attr-defined]  # not in typeshed
+
+
+#: what a request's answer is delivered to: a Future, or a Waiter for a blocking caller
+AnyFuture = TypeVar("AnyFuture", Future, Waiter)
