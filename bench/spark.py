@@ -203,15 +203,30 @@ def relay_case(args: Any, broker: common.Broker, n: int) -> dict[str, Any]:
     with Sustained(lambda: common.topic_message_count(broker.http_address, target), n) as s:
         result = common.run_child(__file__, spec, timeout=max(180.0, n / 100))
         s.wait(10)
+    return relay_result(
+        broker, source, target, n, "plain relay (max_in_flight 2500)", s, n / result["seconds"]
+    )
+
+
+def relay_result(
+    broker: common.Broker,
+    source: str,
+    target: str,
+    n: int,
+    case: str,
+    sustained: Sustained,
+    wall: float,
+) -> dict[str, Any]:
+    """Check a relay's topics on nsqd, delete them; the row of the relay's figures."""
     note = check_source(broker.http_address, source) + check_target(broker.http_address, target, n)
     common.delete_topic(broker.http_address, source)
     common.delete_topic(broker.http_address, target)
     return {
-        "case": "plain relay (max_in_flight 2500)",
+        "case": case,
         "mode": "-",
         "ok": not note,
-        "sustained": s.rate(),
-        "wall": n / result["seconds"],
+        "sustained": sustained.rate(),
+        "wall": wall,
         "note": note,
     }
 
@@ -250,17 +265,7 @@ def nsq_to_nsq_case(args: Any, broker: common.Broker, n: int) -> dict[str, Any] 
         lambda c: c >= n,
         timeout=10,
     )
-    note = check_source(broker.http_address, source) + check_target(broker.http_address, target, n)
-    common.delete_topic(broker.http_address, source)
-    common.delete_topic(broker.http_address, target)
-    return {
-        "case": "nsq_to_nsq (Go, defaults)",
-        "mode": "-",
-        "ok": not note,
-        "sustained": s.rate(),
-        "wall": n / elapsed,
-        "note": note,
-    }
+    return relay_result(broker, source, target, n, "nsq_to_nsq (Go, defaults)", s, n / elapsed)
 
 
 # ------------------------------------------------------------------------------ Spark child

@@ -20,13 +20,10 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """A local[2] SparkSession (UI off, 2 shuffle partitions) with the ``nsq`` format.
-
-    Module-scoped: every test that needs Spark lives in test_spark_stream.py and shares one
-    session (starting one costs ~6 s), and the JVM is gone before the rest of the suite runs
-    (a session-scoped fixture outside a package would keep it until the very end)."""
+def _session(master: str, app: str, **config: str) -> Iterator[Any]:
+    """A SparkSession on ``master`` (UI off, 2 shuffle partitions, no adaptive plans, Python
+    workers running this interpreter) with the ``nsq`` format; its queries and itself are
+    stopped after the yield."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -34,22 +31,33 @@ def spark() -> Iterator[Any]:
 
     import nsqclient.spark
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("nsqclient-tests")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
         .config("spark.sql.adaptive.enabled", "false")
-        .getOrCreate()
     )
+    for key, value in config.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     nsqclient.spark.register(session)
     yield session
     for query in session.streams.active:
         query.stop()
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A local[2] SparkSession with the ``nsq`` format (see :func:`_session`).
+
+    Module-scoped: every test that needs Spark lives in test_spark_stream.py and shares one
+    session (starting one costs ~6 s), and the JVM is gone before the rest of the suite runs
+    (a session-scoped fixture outside a package would keep it until the very end)."""
+    yield from _session("local[2]", "nsqclient-tests", **{"spark.default.parallelism": "2"})
 
 
 @pytest.fixture(scope="module")
@@ -68,30 +76,15 @@ def standalone_cluster() -> Iterator[Any]:
 def cluster_spark(standalone_cluster: Any) -> Iterator[Any]:
     """A SparkSession on :func:`standalone_cluster` (client mode: the driver, and so the
     source's reader, run in this process's JVM), one executor of 1 core per worker."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    import nsqclient.spark
-
-    session = (
-        SparkSession.builder.master(standalone_cluster.url)
-        .appName("nsqclient-cluster-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executor.memory", "512m")
-        .config("spark.executor.cores", "1")
-        .config("spark.cores.max", "2")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")
-        .getOrCreate()
+    yield from _session(
+        standalone_cluster.url,
+        "nsqclient-cluster-tests",
+        **{
+            "spark.executor.memory": "512m",
+            "spark.executor.cores": "1",
+            "spark.cores.max": "2",
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
-    nsqclient.spark.register(session)
-    yield session
-    for query in session.streams.active:
-        query.stop()
-    session.stop()
 
 
 @pytest.fixture

@@ -14,6 +14,21 @@ from spark_helpers import channel_stats, in_flight, pipeline, publish_numbered, 
 from nsqclient.testing.waiting import wait_for
 
 
+def start_pipe(
+    spark: Any, nsqd: Any, tmp_path: Any, queries: list[Any], collect: Any, n: int, per_batch: int
+) -> tuple[set[bytes], Any, Any]:
+    """Publish ``n`` numbered messages to ``a`` and start ``a`` -> upper -> ``b`` on ``spark``
+    (batches of ``per_batch``); the bodies sent, the collector of ``b``, the query."""
+    address = nsqd.nsqd.tcp_address
+    sent = publish_numbered(address, "a", n)
+    out = collect(address, "b")
+    query = pipeline(
+        spark, address, address, str(tmp_path / "ck"), maxMessagesPerBatch=str(per_batch)
+    ).start()
+    queries.append(query)
+    return sent, out, query
+
+
 @pytest.mark.timeout(240)
 def test_a_pipeline_on_a_standalone_cluster_moves_every_message(
     cluster_spark: Any,
@@ -24,13 +39,7 @@ def test_a_pipeline_on_a_standalone_cluster_moves_every_message(
     collect: Any,
 ) -> None:
     assert standalone_cluster.alive_workers(standalone_cluster.state()) == 2
-    address = nsqd.nsqd.tcp_address
-    sent = publish_numbered(address, "a", 10_000)
-    out = collect(address, "b")
-    query = pipeline(
-        cluster_spark, address, address, str(tmp_path / "ck"), maxMessagesPerBatch="2500"
-    ).start()
-    queries.append(query)
+    sent, out, query = start_pipe(cluster_spark, nsqd, tmp_path, queries, collect, 10_000, 2_500)
     out.wait_count(10_000, timeout=180)
     assert out.bodies == upper(sent)
     wait_for(lambda: in_flight(nsqd.nsqd) == 0, timeout=15, message="messages left in flight")
@@ -49,13 +58,7 @@ def test_a_worker_killed_mid_run_loses_nothing(
     queries: list[Any],
     collect: Any,
 ) -> None:
-    address = nsqd.nsqd.tcp_address
-    sent = publish_numbered(address, "a", 20_000)
-    out = collect(address, "b")
-    query = pipeline(
-        cluster_spark, address, address, str(tmp_path / "ck"), maxMessagesPerBatch="1000"
-    ).start()
-    queries.append(query)
+    sent, out, query = start_pipe(cluster_spark, nsqd, tmp_path, queries, collect, 20_000, 1_000)
     out.wait_count(2_000, timeout=120)
     executors = standalone_cluster.executor_pids(0)
     assert executors, "worker 0 runs no executor"
