@@ -185,7 +185,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             full = fleet.saturated
         else:
             full = _never
-        self._take()
+        # Both waits take what the Consumers received first (refresh); the take after them
+        # serves the cut without a wait.
         if self._available_now:
             idle = self.options.available_now_idle_timeout
             self._ledger.wait_for_batch(
