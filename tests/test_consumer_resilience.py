@@ -175,9 +175,11 @@ import logging, sys, threading
 import nsqclient
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 never = threading.Event()
+say = threading.Lock()  # two handlers print at once: keep each line whole
 
 def handler(message):
-    print("handling", message.body.decode(), flush=True)
+    with say:
+        print("handling", message.body.decode(), flush=True)
     never.wait(600)   # a handler that does not finish by itself
 
 consumer = nsqclient.Consumer(
