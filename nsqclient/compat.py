@@ -84,6 +84,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from . import protocol
+from .addresses import lookupd_addresses, nsqd_addresses
 from .checks import check_float, check_int
 from .config import OPTIONS
 from .conn import parse_address
@@ -304,16 +305,6 @@ def _translate_kwargs(kwargs: dict[str, Any], owner: str) -> dict[str, Any]:
             )
     options.update(native)
     return options
-
-
-def _address_list(value: str | Sequence[str] | None, what: str) -> list[str]:
-    if not value:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list | tuple | set | frozenset):
-        raise TypeError(f"{what} must be a str or a list of str, not {type(value).__name__}")
-    return list(value)
 
 
 # ============================================================================ registry
@@ -566,8 +557,8 @@ class Reader(metaclass=_Registered):
         self.topic = protocol.check_topic_name(topic)
         self.channel = protocol.check_channel_name(channel)
         self.name = name or f"{topic}:{channel}"
-        self.nsqd_tcp_addresses = _address_list(nsqd_tcp_addresses, "nsqd_tcp_addresses")
-        self.lookupd_http_addresses = _address_list(
+        self.nsqd_tcp_addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
+        self.lookupd_http_addresses = lookupd_addresses(
             lookupd_http_addresses, "lookupd_http_addresses"
         )
         random.shuffle(self.lookupd_http_addresses)  # as pynsq: spread the first queries
@@ -991,7 +982,7 @@ class Writer(metaclass=_Registered):
                 "nsqclient.Producer(..., pub_retries=N) to resend those"
             )
         options = _translate_kwargs(kwargs, type(self).__name__)
-        addresses = _address_list(nsqd_tcp_addresses, "nsqd_tcp_addresses")
+        addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
         if not addresses:
             raise ValueError("Writer needs at least one nsqd address")
         self.nsqd_tcp_addresses = addresses

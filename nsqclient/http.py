@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from .addresses import join_host_port, lookupd_base_url
 from .checks import check_float, is_int
 from .errors import HTTPError
 from .protocol import (
@@ -86,35 +87,19 @@ class TopicNotFoundError(HTTPError):
 # Helpers
 
 
-def _base_url(address: str) -> str:
-    """``"host:port"``, ``"http://host:port"`` or ``"https://host:port"`` -> base URL."""
+def _base_url(address: str, port_required: bool = False) -> str:
+    """``"host:port"``, ``"http://host:port"`` or ``"https://host:port"`` -> base URL
+    (:func:`nsqclient.addresses.lookupd_base_url`, the one parser of HTTP addresses)."""
     if not isinstance(address, str) or not address.strip():
         raise ValueError(f"HTTP address must be a non-empty str like 'host:port', not {address!r}")
-    address = address.strip()
-    if "://" not in address:
-        address = "http://" + address
-    parts = urlsplit(address)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"HTTP address {address!r}: scheme must be http or https")
-    if not parts.netloc or not parts.hostname:
-        raise ValueError(f"HTTP address {address!r} has no host")
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a non-numeric port
-    except ValueError as exc:
-        raise ValueError(f"HTTP address {address!r}: {exc}") from None
-    path = parts.path.rstrip("/")
-    return f"{parts.scheme}://{parts.netloc}{path}"
+    return lookupd_base_url(address, "address", port_required=port_required)
 
 
 def _check_timeout(timeout: float) -> float:
     return check_float(timeout, "timeout", "seconds", min=0, min_exclusive=True)
 
 
-def _join_host_port(host: str, port: int | str) -> str:
-    host = str(host)
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{host}:{port}"
+_join_host_port = join_host_port
 
 
 def _is_wrapped(data: Any) -> bool:
@@ -249,13 +234,16 @@ def _http_error(status: int, message: str, url: str) -> HTTPError:
 
 
 class _Client:
+    #: refuse an address without a port (an nsqlookupd's: go-nsq would silently use port 80)
+    _port_required = False
+
     def __init__(
         self,
         address: str,
         timeout: float = DEFAULT_TIMEOUT,
         session: requests.Session | None = None,
     ):
-        self.base_url = _base_url(address)
+        self.base_url = _base_url(address, self._port_required)
         self.address = address
         self.timeout = _check_timeout(timeout)
         self._own_session = session is None
@@ -544,7 +532,10 @@ class LookupdClient(_Client):
             by default the client creates its own.
 
     Every method also takes ``timeout`` (seconds) to override the default for that call.
+    The port is required (ValueError without one).
     """
+
+    _port_required = True
 
     def lookup(
         self,

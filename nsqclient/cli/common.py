@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import requests
 
 from .. import __version__
+from ..addresses import AddressError, lookupd_addresses, nsqd_addresses, split_host_port
 from ..config import OPTIONS, Config, check_owner
 from ..consumer import Consumer
 from ..durations import parse_duration
@@ -58,7 +59,8 @@ __all__ = [
     "check_sources",
     "check_reachable",
     "describe_error",
-    "tcp_address",
+    "tcp_addresses",
+    "lookupd_http_addresses",
     "go_style_flags",
 ]
 
@@ -154,12 +156,23 @@ def channel_name(text: str) -> str:
     return _valid_name("channel", valid_channel_name, text)
 
 
-def tcp_address(text: str) -> str:
-    """``host:port`` with a numeric port (IPv6 hosts in brackets)."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"invalid address {text!r}: expected host:port")
-    return text.strip()
+def _address_list(parse: Callable[[str, str], list[str]], flag: str, text: str) -> list[str]:
+    try:
+        return parse(text, flag)
+    except AddressError as exc:  # argparse names the flag itself
+        raise argparse.ArgumentTypeError(exc.problem) from None
+
+
+def tcp_addresses(text: str) -> list[str]:
+    """``host:port`` (IPv6 hosts in brackets), or several separated by commas
+    (:func:`nsqclient.addresses.nsqd_addresses`)."""
+    return _address_list(nsqd_addresses, "--nsqd-tcp-address", text)
+
+
+def lookupd_http_addresses(text: str) -> list[str]:
+    """``host:port`` or ``http(s)://host:port[/path]``, or several separated by commas
+    (:func:`nsqclient.addresses.lookupd_addresses`)."""
+    return _address_list(lookupd_addresses, "--lookupd-http-address", text)
 
 
 # ------------------------------------------------------------------------------ common flags
@@ -169,11 +182,11 @@ def add_nsqd_tcp_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument(
         "--nsqd-tcp-address",
         dest="nsqd_tcp_addresses",
-        action="append",
+        action="extend",
         default=[],
-        type=tcp_address,
+        type=tcp_addresses,
         metavar="HOST:PORT",
-        help=help_text + " (may be given multiple times)",
+        help=help_text + " (may be given multiple times, or as a comma-separated list)",
     )
 
 
@@ -223,10 +236,11 @@ def add_lookupd_flag(
     parser.add_argument(
         "--lookupd-http-address",
         dest="lookupd_http_addresses",
-        action="append",
+        action="extend",
         default=[],
+        type=lookupd_http_addresses,
         metavar="HOST:PORT",
-        help=help_text + " (may be given multiple times)",
+        help=help_text + " (may be given multiple times, or as a comma-separated list)",
     )
 
 
@@ -471,11 +485,6 @@ def describe_error(exc: BaseException) -> str:
 # ------------------------------------------------------------------------------ preflight
 
 
-def _split_host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def check_nsqd_reachable(addresses: Sequence[str], timeout: float) -> None:
     """Raise CLIError when none of the nsqd TCP ``addresses`` accepts a connection (each that
     does not is named).  The consumer itself would keep retrying quietly: a tool started
@@ -483,7 +492,7 @@ def check_nsqd_reachable(addresses: Sequence[str], timeout: float) -> None:
     failures = []
     for address in addresses:
         try:
-            with socket.create_connection(_split_host_port(address), timeout=timeout):
+            with socket.create_connection(split_host_port(address), timeout=timeout):
                 return
         except OSError as exc:
             failures.append(f"{address}: {exc.strerror or exc}")
@@ -521,11 +530,6 @@ def check_sources(args: argparse.Namespace) -> None:
     """The consuming tools need --nsqd-tcp-address or --lookupd-http-address."""
     if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
         raise UsageError("--nsqd-tcp-address or --lookupd-http-address required")
-    for address in args.lookupd_http_addresses:
-        try:
-            LookupdClient(address).close()
-        except ValueError as exc:
-            raise UsageError(f"--lookupd-http-address: {exc}") from None
 
 
 def check_reachable(

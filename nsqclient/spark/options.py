@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..addresses import lookupd_addresses, nsqd_addresses
 from ..config import OPTIONS, Config, check_owner
 from ..protocol import check_channel_name, check_topic_name
 
-__all__ = ["SourceOptions", "SinkOptions", "parse_config_value", "split_addresses"]
+__all__ = ["SourceOptions", "SinkOptions", "parse_config_value"]
 
 #: options of the source that are not Config options: name -> (default, meaning)
 SOURCE_OPTIONS: dict[str, tuple[str | None, str]] = {
@@ -64,11 +65,17 @@ _FALSE = {"false", "0", "no", "off"}
 _NONE = {"", "none", "null"}
 
 
-def split_addresses(value: str | None) -> list[str]:
-    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped)."""
-    if not value:
-        return []
-    return [item.strip() for item in value.split(",") if item.strip()]
+def _addresses(options: Mapping[str, str | None]) -> tuple[list[str], list[str]]:
+    """The ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` options as lists (an option
+    not given or blank: none), parsed as the Consumer and Producer parse them
+    (:mod:`nsqclient.addresses`: comma-separated, no empty item)."""
+    nsqd, lookupd = options["nsqd_tcp_addresses"], options["lookupd_http_addresses"]
+    return (
+        nsqd_addresses(nsqd if nsqd and nsqd.strip() else None, "nsqd_tcp_addresses"),
+        lookupd_addresses(
+            lookupd if lookupd and lookupd.strip() else None, "lookupd_http_addresses"
+        ),
+    )
 
 
 def parse_config_value(name: str, text: str) -> Any:
@@ -196,8 +203,7 @@ class SourceOptions:
             raise ValueError("the nsq source needs the 'channel' option")
         check_topic_name(topic)
         check_channel_name(channel)
-        nsqd = split_addresses(mine["nsqd_tcp_addresses"])
-        lookupd = split_addresses(mine["lookupd_http_addresses"])
+        nsqd, lookupd = _addresses(mine)
         if not nsqd and not lookupd:
             raise ValueError(
                 "the nsq source needs 'nsqd_tcp_addresses' or 'lookupd_http_addresses'"
@@ -255,8 +261,7 @@ class SinkOptions:
         if not topic:
             raise ValueError("the nsq sink needs the 'topic' option")
         check_topic_name(topic)
-        nsqd = split_addresses(mine["nsqd_tcp_addresses"])
-        lookupd = split_addresses(mine["lookupd_http_addresses"])
+        nsqd, lookupd = _addresses(mine)
         if not nsqd and not lookupd:
             raise ValueError("the nsq sink needs 'nsqd_tcp_addresses' or 'lookupd_http_addresses'")
         return cls(

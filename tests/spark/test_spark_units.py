@@ -29,7 +29,7 @@ def source(**extra: str) -> SourceOptions:
 
 
 def test_source_options_defaults_and_addresses() -> None:
-    opts = source(nsqd_tcp_addresses=" 127.0.0.1:4150, 127.0.0.1:4152 ,")
+    opts = source(nsqd_tcp_addresses=" 127.0.0.1:4150, 127.0.0.1:4152 ")
     assert opts.nsqd_tcp_addresses == ["127.0.0.1:4150", "127.0.0.1:4152"]
     assert opts.lookupd_http_addresses == []
     assert opts.max_messages_per_batch is None
@@ -79,6 +79,9 @@ def test_source_options_ignore_what_spark_adds() -> None:
         ({"topic": "bad topic!"}, "topic"),
         ({"topic": ""}, "needs the 'topic' option"),
         ({"nsqd_tcp_addresses": ""}, "needs 'nsqd_tcp_addresses' or 'lookupd_http_addresses'"),
+        # the Consumer's rule (nsqclient.addresses): an empty item is an error, not skipped
+        ({"nsqd_tcp_addresses": "127.0.0.1:4150,"}, "nsqd_tcp_addresses: empty address"),
+        ({"lookupd_http_addresses": "127.0.0.1"}, "lookupd_http_addresses: .* a port is required"),
         ({"availableNowIdleTimeout": "0"}, "availableNowIdleTimeout must be > 0"),
     ],
 )
