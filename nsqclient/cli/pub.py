@@ -60,6 +60,9 @@ logger = logging.getLogger("nsqclient.cli.pub")
 #: 5 MiB by default; a single message over --max-msg-size, 1 MiB by default, fails anyway).
 MAX_BATCH_BYTES = 1024 * 1024
 _READ_SIZE = 64 * 1024
+#: Bytes of a pipe's rest read at most, without waiting, to count the messages not sent after
+#: a failure or a signal (a pipe's writer may never stop: ``yes | nsqclient pub``).
+_PEEK_BYTES = 1024 * 1024
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -189,20 +192,47 @@ class Pacer:
         return not self.stop.is_set()
 
 
-def _read_chunks(fd: int, stop: threading.Event) -> Iterator[bytes]:
-    """Chunks read from ``fd`` until its end or ``stop`` (checked at least twice a second
-    while the input is idle)."""
-    while not stop.is_set():
-        try:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-        except (OSError, ValueError):
-            ready = [fd]  # not selectable (rare): read and block
-        if not ready:
-            continue
-        chunk = os.read(fd, _READ_SIZE)
-        if not chunk:
-            return
-        yield chunk
+class _Input:
+    """The chunks of ``fd``: read until its end or ``stop`` (checked at least twice a second
+    while the input is idle), or after :meth:`no_wait` only what is there already.
+    ``ended`` tells whether the end of the input was read."""
+
+    def __init__(self, fd: int, stop: threading.Event):
+        self.fd = fd
+        self.stop = stop
+        self.ended = False
+        #: bytes still to read without waiting (None: wait for more)
+        self._budget: int | None = None
+
+    def no_wait(self, limit: int) -> None:
+        """From now on read only what the input already holds, up to ``limit`` bytes, and
+        stop there (even after ``stop``): a pipe whose writer is still there is left alone."""
+        self._budget = limit
+
+    def chunks(self) -> Iterator[bytes]:
+        while True:
+            budget = self._budget
+            if budget is None and self.stop.is_set():
+                return
+            if budget is not None and budget <= 0:
+                return
+            try:
+                ready, _, _ = select.select([self.fd], [], [], 0.5 if budget is None else 0.0)
+            except (OSError, ValueError):
+                if budget is not None:
+                    return  # not selectable (rare): reading might block
+                ready = [self.fd]  # read and block
+            if not ready:
+                if budget is None:
+                    continue
+                return
+            chunk = os.read(self.fd, _READ_SIZE)
+            if not chunk:
+                self.ended = True
+                return
+            if self._budget is not None:
+                self._budget -= len(chunk)
+            yield chunk
 
 
 class Summary:
@@ -216,7 +246,8 @@ class Summary:
         self.skipped = 0
         #: messages never sent after the failed batch (or after a stop by a signal)
         self.after = 0
-        #: whether ``after`` counts the input to its end (False: the rest was not read)
+        #: whether ``after`` counts the input to its end (False: the rest was not read, the
+        #: input had not ended)
         self.after_complete = True
         self.started = clock()
         self.error: str | None = None
@@ -314,7 +345,9 @@ def run(args: argparse.Namespace) -> int:
         with signals:
             pacer = Pacer(args.rate, signals.event)
             limit = pacer.batch_limit(args.batch_size)
-            records_read = split_records(_read_chunks(fd, signals.event), delimiter)
+            source = _Input(fd, signals.event)
+            records_read = split_records(source.chunks(), delimiter)
+            stopped_early = False  # by a failure or a signal, with messages read not sent
             for records in records_read:
                 bodies = [r for r in records if r]
                 summary.skipped += len(records) - len(bodies)
@@ -331,12 +364,17 @@ def run(args: argparse.Namespace) -> int:
                     summary.published += len(batch)
                 if summary.error or signals.event.is_set():
                     summary.after = len(bodies) - done
-                    # A file's rest is counted (it ends); a pipe's may never end: not read.
-                    summary.after_complete = False
-                    if summary.error and _is_regular_file(fd):
-                        rest, summary.after_complete = count_rest(records_read, signals.event)
-                        summary.after += rest
+                    stopped_early = True
                     break
+            if stopped_early:
+                # What is left: a file is counted to its end after a failure; other input (a
+                # pipe, a terminal) may never end, so only what it already holds is counted.
+                # The summary says the rest was not read unless the input's end was.
+                if not (summary.error and _is_regular_file(fd)):
+                    source.no_wait(_PEEK_BYTES)
+                rest, _ = count_rest(records_read, signals.event)
+                summary.after += rest
+                summary.after_complete = source.ended
     finally:
         for producer in producers:
             producer.close()
