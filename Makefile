@@ -6,13 +6,16 @@ STAMP  := $(VENV)/.installed-stamp
 # The extras every test venv gets (make test's and make test-pythons' alike).
 EXTRAS := dev,bench,spark
 
-.PHONY: test test-pythons demo lint docs bench clean
+.PHONY: install test test-pythons demo lint docs bench dist-check clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# Only the set-up the other targets do: .venv with the package (editable) and its extras.
+install: $(STAMP)
 
 # The client's integration tests run a second time with the embedded nsqd cutting every write
 # into small random pieces (NSQCLIENT_TESTING_SPLIT_WRITES, see nsqclient/testing/writes.py),
@@ -58,6 +61,14 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/publish.py $(BENCH_ARGS) $(PUBLISH_ARGS)
 	$(PY) bench/consume.py $(BENCH_ARGS) $(CONSUME_ARGS)
+
+# The sdist and the wheel as users get them, built from a clean copy of the work tree (python -m
+# build; the wheel is built from the sdist) and checked by .ci/check-dist: the wheel holds the
+# package only, the sdist its tests, docs and examples; the unpacked sdist installs (not editable)
+# into a fresh venv, its tests collect and a few quick ones pass against that install.
+# ~1.5-2.5 min; pip fetches the [test] extra.
+dist-check: $(STAMP)
+	$(PY) .ci/check-dist .
 
 clean:
 	rm -rf $(VENV) .venv-3.* docs/_build .pytest_cache
