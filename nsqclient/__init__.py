@@ -9,7 +9,7 @@ The public face::
         producer.pub("topic", b"body")
 """
 
-from . import compat, errors, protocol
+from . import compat, errors, observe, protocol
 from ._version import __version__
 from .compat import (
     Error,
@@ -22,7 +22,7 @@ from .compat import (
     stop,
 )
 from .config import Config
-from .consumer import Consumer
+from .consumer import ConnectionCounts, Consumer
 from .errors import *  # noqa: F403 - every error class, as the guides name them
 from .errors import __all__ as _error_names
 from .http import LookupdClient, NsqdHTTPClient, TopicNotFoundError
@@ -49,6 +49,7 @@ from .legacy import (
     valid_topic_name,
 )
 from .message import Message, RequeueMessage
+from .observe import Observer, PublishEvent
 from .partitions import key_partition
 from .producer import Producer, PublishResult
 
@@ -86,6 +87,10 @@ __all__ = [
     "errors",
     "compat",
     "protocol",
+    "observe",
+    "Observer",
+    "PublishEvent",
+    "ConnectionCounts",
     "Config",
     "Consumer",
     "Producer",

@@ -12,7 +12,8 @@ A :class:`~nsqclient.conn.Connection` completes either with ``set_result`` /
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from concurrent.futures._base import (
     CANCELLED,
     CANCELLED_AND_NOTIFIED,
@@ -21,7 +22,7 @@ from concurrent.futures._base import (
 )
 from typing import Any, TypeVar
 
-__all__ = ["AnyFuture", "RequestFuture", "Waiter"]
+__all__ = ["AnyFuture", "RequestFuture", "Waiter", "failure_of", "wait_answered"]
 
 
 class Waiter:
@@ -50,6 +51,10 @@ class Waiter:
 
     def done(self) -> bool:
         return self._done
+
+    def failure(self) -> BaseException | None:
+        """The exception it failed with, None while not done or when it succeeded."""
+        return self._exception
 
     def set_result(self, result: Any) -> None:
         if self._done:
@@ -99,15 +104,32 @@ class RequestFuture(Future):
     Completing it never blocks on a lock nobody waits on: the state is written first, then
     waiters, if any, are woken under the Condition; a waiter makes the Condition first and
     reads the state under it, so one of the two always sees the other.
+
+    Args:
+        on_failure: called with the future when it fails while nobody has taken its outcome
+            yet (:attr:`observed` False): how a Producer learns of failures that no caller
+            will see.  (A request's future on a Connection needs none: the Connection tells
+            its ``on_request_failed`` hook.)
+
+    ``observed`` turns True once a caller asked for the outcome (``result()``,
+    ``exception()``) or added a done callback; the library's own bookkeeping uses
+    :meth:`failure`, :meth:`watch` and :func:`wait_answered`, which do not count.
     """
 
-    def __init__(self) -> None:  # no super().__init__(): it would make the Condition now
+    observed = False
+    _on_failure: Callable[[RequestFuture], None] | None = None
+
+    def __init__(
+        self, on_failure: Callable[[RequestFuture], None] | None = None
+    ) -> None:  # no super().__init__(): it would make the Condition now
         self._cond: threading.Condition | None = None
         self._state = RUNNING
         self._result: Any = None
         self._exception: BaseException | None = None
         self._waiters: list[Any] = []
         self._done_callbacks: list[Any] = []
+        if on_failure is not None:
+            self._on_failure = on_failure
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -131,6 +153,7 @@ class RequestFuture(Future):
         return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED)
 
     def result(self, timeout: float | None = None) -> Any:
+        self.observed = True
         if self._state == FINISHED:
             if self._exception is not None:
                 raise self._exception
@@ -138,9 +161,29 @@ class RequestFuture(Future):
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.observed = True
         if self._state == FINISHED:
             return self._exception
         return super().exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future], object]) -> None:
+        self.observed = True
+        super().add_done_callback(fn)
+
+    def failure(self) -> BaseException | None:
+        """The exception it failed with, None while not done or when it succeeded; does not
+        count as taking the outcome."""
+        return self._exception
+
+    def answer(self) -> Any:
+        """The result once done (None before, or when it failed); does not count as taking the
+        outcome."""
+        return self._result
+
+    def watch(self, fn: Callable[[Future], object]) -> None:
+        """``add_done_callback`` for the library's own bookkeeping: does not count as taking
+        the outcome (:attr:`observed` stays as it is)."""
+        super().add_done_callback(fn)
 
     def set_result(self, result: Any) -> None:
         self._finish(result, None)
@@ -167,7 +210,32 @@ class RequestFuture(Future):
                 cond.notify_all()
         if self._done_callbacks:
             self._invoke_callbacks()  # type: ignore[attr-defined]  # not in typeshed
+        if exception is not None and not self.observed and self._on_failure is not None:
+            self._on_failure(self)
 
 
 #: what a request's answer is delivered to: a Future, or a Waiter for a blocking caller
 AnyFuture = TypeVar("AnyFuture", Future, Waiter)
+
+
+def failure_of(future: Future | Waiter) -> BaseException | None:
+    """The exception ``future`` failed with (None while not done, or when it succeeded),
+    without counting as taking its outcome."""
+    if isinstance(future, RequestFuture | Waiter):
+        return future.failure()
+    return future.exception(0) if future.done() else None
+
+
+def wait_answered(future: Future | Waiter, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``future`` to be done, without counting as taking its
+    outcome (see :attr:`RequestFuture.observed`); True if it is done."""
+    if future.done():
+        return True
+    if isinstance(future, Waiter):
+        try:
+            future.exception(timeout)
+        except TimeoutError:
+            return False
+        return True
+    wait([future], timeout=max(timeout, 0.0))
+    return future.done()

@@ -30,6 +30,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures._base import (
     PENDING,
@@ -37,7 +38,8 @@ from concurrent.futures._base import (
 from typing import Any, Protocol, overload
 
 from . import protocol
-from .answers import AnyFuture, RequestFuture, Waiter
+from .addresses import split_host_port
+from .answers import AnyFuture, RequestFuture, Waiter, wait_answered
 from .config import Config, identify_payload
 from .errors import (
     AuthRequiredError,
@@ -70,21 +72,10 @@ _UNSOLICITED = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming the bad address."""
-    if not isinstance(address, str):
-        raise TypeError(f"nsqd address must be a 'host:port' str, not {type(address).__name__}")
-    if "://" in address:
-        bare = address.split("://", 1)[1].rstrip("/")
-        raise ValueError(
-            f"invalid nsqd TCP address {address!r}: TCP addresses take no scheme; use {bare!r}"
-            " (http:// addresses are for nsqlookupd and nsqd's HTTP API)"
-        )
-    host, sep, port = address.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"invalid nsqd address {address!r}: expected 'host:port'")
-    return host, int(port)
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming the bad address.
+    (:func:`nsqclient.addresses.split_host_port`; user input goes through
+    :func:`nsqclient.addresses.nsqd_addresses` first.)"""
+    return split_host_port(address)
 
 
 class ConnectionState(enum.Enum):
@@ -163,6 +154,15 @@ class Connection:
         # Requests queued for the writer and not written yet (under _lock): while there are
         # any, a new request queues behind them, so that answers keep the order of _pending.
         self._unsent_requests = 0
+        # Requests expired by expire_before() before they were written (under _lock): taken
+        # out of _pending and the count above; the writer drops them instead of writing them.
+        self._dropped: set[Future] = set()
+        #: the place of _pending[0] among every request this connection sent (see request_mark)
+        self._base = 0
+        #: expire_before() has looked at every request before this place
+        self._expired_upto = 0
+        #: called with a RequestFuture that failed with nobody looking (a Producer's ledger)
+        self.on_request_failed: Callable[[RequestFuture], None] | None = None
         self._closed_event = threading.Event()
         self._abort = threading.Event()
         self._sock: socket.socket | None = None
@@ -474,16 +474,10 @@ class Connection:
         elif isinstance(future, Future) and future._state == PENDING:
             future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
         with self._lock:
-            if self.state is not ConnectionState.CONNECTED or self._fatal_error is not None:
-                future.set_exception(
-                    ConnectionClosedError(
-                        f"connection to {self.address} is {self.state.value}",
-                        maybe_processed=False,
-                    )
-                )
-                return future
-            self._pending.append(future)
-            self.messages_sent += messages
+            closed = self.state is not ConnectionState.CONNECTED or self._fatal_error is not None
+            if not closed:
+                self._pending.append(future)
+                self.messages_sent += messages
             # Every earlier request written and no one writing: write it here rather than wake
             # the writer, when the caller is about to block on the answer anyway (a Waiter) or
             # nothing else is in flight; a caller pipelining futures leaves the writing to the
@@ -491,13 +485,22 @@ class Connection:
             # keep the order of self._pending.  It may pass queued FIN/RDY/NOP, which get no
             # answer and need no order relative to it.
             direct = (
-                not self._unsent_requests
+                not closed
+                and not self._unsent_requests
                 and (type(future) is Waiter or len(self._pending) - self._pending_head == 1)
                 and self._send_lock.acquire(blocking=False)
             )
-            if not direct:
+            if not direct and not closed:
                 self._unsent_requests += 1
-                self._queue.put((command,))
+                self._queue.put((command, future))
+        if closed:
+            self._fail_request(
+                future,
+                ConnectionClosedError(
+                    f"connection to {self.address} is {self.state.value}", maybe_processed=False
+                ),
+            )
+            return future
         if direct:
             if self._caller_reads and type(future) is Waiter:
                 # Its caller will wait for this answer: claim the reading before writing, so
@@ -553,6 +556,7 @@ class Connection:
         if head > 1024 and head * 2 > len(self._pending):
             del self._pending[:head]
             self._pending_head = 0
+            self._base += head
 
     # ---------------------------------------------------------------- threads
 
@@ -571,13 +575,15 @@ class Connection:
                     continue
                 if item is _STOP:
                     return
-                chunks = []
-                size = requests = 0
+                chunks: list[bytes] = []
+                #: the requests among them: (index in chunks, future)
+                requests: list[tuple[int, Any]] = []
+                size = 0
                 # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
                 # glibc keep freed megabytes around (its mmap threshold grows with them).
                 while True:
                     if type(item) is tuple:  # a request (see request())
-                        requests += 1
+                        requests.append((len(chunks), item[1]))
                         item = item[0]
                     chunks.append(item)
                     size += len(item)
@@ -591,12 +597,110 @@ class Connection:
                         stop = True
                         break
                 with self._send_lock:
-                    transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
                     if requests:
+                        # Written from here on, as far as expire_before() is concerned.
                         with self._lock:
-                            self._unsent_requests -= requests
+                            if self._dropped:
+                                chunks = self._without_dropped(chunks, requests)
+                            self._unsent_requests -= len(requests)
+                        if not chunks:
+                            continue
+                    transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
+
+    def _without_dropped(self, chunks: list[bytes], requests: list[tuple[int, Any]]) -> list[bytes]:
+        """``chunks`` without the requests expire_before() dropped (``_lock`` held); those
+        are taken off ``requests`` too (they were already taken off ``_unsent_requests``)."""
+        skip = set()
+        for i, future in list(requests):
+            if future in self._dropped:
+                self._dropped.discard(future)
+                skip.add(i)
+                requests.remove((i, future))
+        return [c for i, c in enumerate(chunks) if i not in skip]
+
+    def request_mark(self) -> int:
+        """A mark for "every request sent so far": pass it later to :meth:`expire_before`."""
+        with self._lock:
+            return self._base + len(self._pending)
+
+    def expire_before(self, mark: int) -> int:
+        """Fail with NSQTimeoutError every request sent before ``mark`` (from
+        :meth:`request_mark`) that is still unanswered, but a blocking caller's
+        :class:`Waiter` (its caller keeps its own time); return how many.
+
+        A request already written stays where it is (nsqd's late answer goes to it and is
+        dropped): ``maybe_processed`` True.  One still queued for the writer is taken out and
+        never written: ``maybe_processed`` False."""
+        expired: list[tuple[Any, bool]] = []
+        with self._lock:
+            pending = self._pending
+            end = min(mark - self._base, len(pending))
+            start = max(self._pending_head, self._expired_upto - self._base)
+            if end <= start:
+                return 0
+            written_end = len(pending) - self._unsent_requests
+            for i in range(start, end):
+                future = pending[i]
+                if type(future) is not Waiter and not future.done():
+                    expired.append((future, i < written_end))
+            self._expired_upto = self._base + end
+            unsent = {future for future, written in expired if not written}
+            if unsent:
+                # Never to be written: out of _pending (the writer drops them), keeping every
+                # later request's place (self._base + its index) as it was.
+                kept = [f for f in pending[written_end:end] if f not in unsent]
+                pending[written_end:end] = kept
+                self._base += len(unsent)
+                self._unsent_requests -= len(unsent)
+                self._dropped |= unsent
+        for future, written in expired:
+            self._fail_request(future, self._timeout_error(written))
+        return len(expired)
+
+    def expire_request(self, future: Future | Waiter) -> bool:
+        """Fail one request now with NSQTimeoutError, as :meth:`expire_before` would (an unsent
+        one is never written); False when it is answered already or not pending here."""
+        with self._lock:
+            pending = self._pending
+            try:
+                i = pending.index(future, self._pending_head)
+            except ValueError:
+                return False
+            if future.done():
+                return False
+            written = i < len(pending) - self._unsent_requests
+            if not written:
+                del pending[i]
+                self._base += 1  # the later requests keep their places
+                self._unsent_requests -= 1
+                self._dropped.add(future)  # type: ignore[arg-type]
+        self._fail_request(future, self._timeout_error(written))
+        return True
+
+    def _timeout_error(self, written: bool) -> NSQTimeoutError:
+        if written:
+            return NSQTimeoutError(
+                f"no answer from {self.address} within the publish's timeout; it may or may"
+                " not be stored (the connection is kept: nsqd may just be slow)",
+                maybe_processed=True,
+            )
+        return NSQTimeoutError(
+            f"not written to {self.address} within the publish's timeout (earlier writes were"
+            " not taken); nothing was sent",
+            maybe_processed=False,
+        )
+
+    def _fail_request(self, future: Future | Waiter, error: BaseException) -> None:
+        """Fail a request's future (unless answered meanwhile) and tell ``on_request_failed``
+        of a RequestFuture whose outcome nobody has taken yet."""
+        if future.done():
+            return
+        future.set_exception(error)
+        hook = self.on_request_failed
+        if hook is not None and type(future) is RequestFuture and not future.observed:
+            hook(future)
 
     def _write_failed(self, exc: BaseException) -> None:
         """A write failed or timed out (``write_timeout``): part of a command may be on the
@@ -801,7 +905,7 @@ class Connection:
             return
         future = self._pop_pending()
         if future is not None and not future.done():
-            future.set_exception(error)
+            self._fail_request(future, error)
         else:
             logger.error("%s sent an error: %s", self.address, error)
             if self.delegate is not None:
@@ -815,6 +919,7 @@ class Connection:
             old = self.state
             self.state = ConnectionState.CLOSED
             pending = self._pending[self._pending_head :]
+            self._base += len(self._pending)
             self._pending = []
             self._pending_head = 0
         if old is ConnectionState.CLOSED:
@@ -833,7 +938,7 @@ class Connection:
                     maybe_processed=not after_fatal,
                 )
                 exc.__cause__ = reason
-                future.set_exception(exc)
+                self._fail_request(future, exc)
         self._queue.put(_STOP)
         if self._transport is not None:
             self._transport.shutdown()
@@ -868,11 +973,7 @@ class Connection:
             self._report_state(ConnectionState.CONNECTED, ConnectionState.CLOSING)
         for future in pending:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                future.exception(timeout=remaining)
-            except TimeoutError:
+            if remaining <= 0 or not wait_answered(future, remaining):
                 break
         current = threading.current_thread()
         self._queue.put(_STOP)

@@ -18,20 +18,23 @@ call ``message.enable_async()`` to answer later from any thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import queue
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from . import protocol
+from .addresses import lookupd_addresses, nsqd_addresses
 from .backoff import BackoffMode, BackoffState
-from .checks import check_int
+from .checks import check_float, check_int
 from .config import Config, check_owner
-from .conn import Connection, parse_address
+from .conn import Connection
 from .discovery import Discovery, _ConnInfo
 from .discovery import split_key as split_key  # re-exported (subscription keys)
 from .discovery import target_key as target_key
@@ -40,16 +43,36 @@ from .errors import (
     ServerError,
 )
 from .lookup import LookupdPool
-from .message import Message, RequeueMessage
+from .message import Message, RequeueMessage, claim_all
+from .observe import ObserverSet, tell
 from .rdy import ConnView, is_starved, needs_refill, rdy_targets
 
-__all__ = ["Consumer"]
+__all__ = ["Consumer", "ConnectionCounts"]
 
 logger = logging.getLogger("nsqclient.consumer")
 
 Handler = Callable[[Message], Any]
 
 trace_logger = logging.getLogger("nsqclient.trace")
+
+_conn_of = operator.attrgetter("_conn")
+
+
+class ConnectionCounts(NamedTuple):
+    """One connection's flow-control counts (see :meth:`Consumer.connection_counts`)."""
+
+    #: the Consumer's name for the connection: ``host:port``, plus ``#partition`` on youzan
+    key: str
+    #: ``host:port``
+    address: str
+    #: the RDY last sent
+    rdy: int
+    #: nsqd's limit on one connection's RDY (from IDENTIFY)
+    max_rdy_count: int
+    #: messages received and not answered yet
+    in_flight: int
+    #: of those, messages waiting for a handler worker, or for take() (pull mode)
+    queued: int
 
 
 class _Delegate:
@@ -97,11 +120,14 @@ class Consumer(Discovery):
 
     Args:
         topic, channel: names (``#ephemeral`` allowed); validated here.
-        handler: ``handler(message)``; runs on a worker thread.
-        nsqd_tcp_addresses: nsqd to connect to directly (``"host:port"``); reconnected with
-            exponential backoff when they drop.
+        handler: ``handler(message)``; runs on a worker thread.  None: pull mode, no worker
+            thread; the caller takes what arrives with :meth:`take` and answers it (each
+            message, or many at once with :meth:`finish_many` / :meth:`requeue_many`).
+        nsqd_tcp_addresses: nsqd to connect to directly (``"host:port"``, a list of them, or
+            one comma-separated str); reconnected with exponential backoff when they drop.
         lookupd_http_addresses: nsqlookupd HTTP addresses (``"http://host:4161"`` or
-            ``"host:4161"``) to discover nsqd from.
+            ``"host:4161"``, the port required; a list or a comma-separated str) to discover
+            nsqd from.  Bad addresses raise here (:mod:`nsqclient.addresses`).
         giving_up: ``giving_up(message)`` called (on a worker) for a message whose attempts
             exceed ``max_tries``, before it is FINished; the default logs a warning.
         on_connect, on_disconnect: ``hook(address)`` / ``hook(address, reason)``, run on the
@@ -128,7 +154,7 @@ class Consumer(Discovery):
         self,
         topic: str,
         channel: str,
-        handler: Handler,
+        handler: Handler | None,
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         lookupd_http_addresses: str | Sequence[str] | None = None,
         giving_up: Callable[[Message], Any] | None = None,
@@ -142,19 +168,17 @@ class Consumer(Discovery):
     ):
         self.topic = protocol.check_topic_name(topic)
         self.channel = protocol.check_channel_name(channel)
-        if not callable(handler):
-            raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+        if handler is not None and not callable(handler):
+            raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
         self.handler = handler
+        #: pull mode (no handler): messages wait in the work queue until take()
+        self._pull = handler is None
         check_owner(options, "Consumer")
         self.config = Config(**options)
-        if isinstance(nsqd_tcp_addresses, str):
-            nsqd_tcp_addresses = [nsqd_tcp_addresses]
-        if isinstance(lookupd_http_addresses, str):
-            lookupd_http_addresses = [lookupd_http_addresses]
-        self.nsqd_tcp_addresses = [
-            f"{h}:{p}" for h, p in map(parse_address, nsqd_tcp_addresses or [])
-        ]
-        self.lookupd_http_addresses = list(lookupd_http_addresses or [])
+        self.nsqd_tcp_addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
+        self.lookupd_http_addresses = lookupd_addresses(
+            lookupd_http_addresses, "lookupd_http_addresses"
+        )
         if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
             raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
         self.partition = None if partition is None else check_int(partition, "partition", min=0)
@@ -246,6 +270,9 @@ class Consumer(Discovery):
             "requeue_failed": 0,
             "touch_failed": 0,
         }
+        #: pull mode: messages taken and not answered yet (stop() requeues what is left)
+        self._held: set[Message] = set()
+        self._observers = ObserverSet(self)
 
     def __repr__(self) -> str:
         return f"<Consumer {self.topic}/{self.channel} connections={len(self._conns)}>"
@@ -261,9 +288,10 @@ class Consumer(Discovery):
         for key in self._direct:
             self._reconnect_at[key] = now
         tag = f"{self.topic}/{self.channel}"
-        self._busy = [False] * self.config.concurrency
-        self._current = [None] * self.config.concurrency
-        for i in range(self.config.concurrency):
+        workers = 0 if self._pull else self.config.concurrency
+        self._busy = [False] * workers
+        self._current = [None] * workers
+        for i in range(workers):
             t = threading.Thread(
                 target=self._work_loop, args=(i,), name=f"nsq-worker-{tag}-{i}", daemon=True
             )
@@ -379,6 +407,8 @@ class Consumer(Discovery):
         # and wait for messages taken over with enable_async() to be answered too.
         own = self._workers.index(current) if current in self._workers else -1
         while time.monotonic() < deadline and not self._force_stop.is_set():
+            if self._pull:
+                self._requeue_unstarted()  # not taken yet: back to nsqd at once
             busy = any(b for i, b in enumerate(self._busy) if i != own)
             if not busy and not self._work and self._unanswered(own) == 0:
                 break
@@ -387,6 +417,7 @@ class Consumer(Discovery):
         if forced:
             self._requeue_running(own)
         self._requeue_unstarted()
+        self._requeue_held()
         with self._work_cond:
             self._workers_exit = True
             self._work_cond.notify_all()
@@ -402,6 +433,7 @@ class Consumer(Discovery):
             info.conn.close(max(deadline - time.monotonic(), 1.0))
         self._lookupds.close()
         self._drain_events()
+        self._observers.close()
         self._stopped.set()
 
     def _unanswered(self, own: int) -> int:
@@ -424,6 +456,19 @@ class Consumer(Discovery):
         # Woken early by a worker finishing a message (see _work_loop).
         self._idle.wait(seconds)
         self._idle.clear()
+
+    def _requeue_held(self) -> None:
+        """Pull mode, at the end of stop(): requeue what was taken and is still unanswered."""
+        with self._lock:
+            held = [m for m in self._held if not m.has_responded()]
+        if held:
+            logger.warning(
+                "%s/%s: %d messages taken were not answered by stop()'s deadline; requeueing them",
+                self.topic,
+                self.channel,
+                len(held),
+            )
+            self.requeue_many(held, delay=0, backoff=False)
 
     def _requeue_unstarted(self) -> None:
         while True:
@@ -481,13 +526,15 @@ class Consumer(Discovery):
         self._max_in_flight = value
         self._rdy_wake.set()
 
-    def is_starved(self) -> bool:
+    def is_starved(self, threshold: float = 0.85) -> bool:
         """True when, on some connection, the messages handlers hold (received, given to a
-        handler and not yet answered) amount to 85% or more of its RDY: nsqd will soon send
-        nothing more, so a batching handler holding messages (``enable_async``) should process
-        its batch now.  Messages still waiting for a handler worker do not count."""
+        handler or taken, and not yet answered) amount to ``threshold`` (a fraction, 0.85 by
+        default) or more of its RDY: nsqd will soon send nothing more, so a batching handler
+        holding messages (``enable_async``, or pull mode) should process its batch now.
+        Messages still waiting for a handler worker, or for :meth:`take`, do not count."""
+        check_float(threshold, "threshold", "", min=0)
         with self._lock:
-            return is_starved(self._views(time.monotonic()))
+            return is_starved(self._views(time.monotonic()), threshold)
 
     def stats(self) -> dict[str, Any]:
         """Counters (received, finished, requeued, given_up, timed_out_locally,
@@ -502,6 +549,195 @@ class Consumer(Discovery):
     def connections(self) -> list[Connection]:
         with self._lock:
             return [i.conn for i in self._conns.values()]
+
+    def connection_counts(self) -> list[ConnectionCounts]:
+        """Per connection, a snapshot of its flow-control counts (read-only): the RDY last
+        sent, nsqd's ``max_rdy_count``, the messages in flight (received, not answered) and,
+        of those, the ones still queued (waiting for a handler worker, or in pull mode for
+        :meth:`take`)."""
+        with self._lock:
+            return [
+                ConnectionCounts(
+                    key,
+                    i.conn.address,
+                    i.conn.rdy,
+                    i.conn.max_rdy_count,
+                    i.conn.in_flight,
+                    i.conn.queued,
+                )
+                for key, i in self._conns.items()
+            ]
+
+    def is_saturated(self) -> bool:
+        """True when nsqd will send nothing more until something is answered: every
+        connection with a RDY above 0 has that many messages in flight (and one has)."""
+        with self._lock:
+            conns = [i.conn for i in self._conns.values() if i.conn.rdy > 0]
+            return bool(conns) and all(c.in_flight >= c.rdy for c in conns)
+
+    def add_observer(self, observer: Any) -> None:
+        """Tell ``observer`` what this Consumer does (see :mod:`nsqclient.observe`)."""
+        self._observers.add(observer)
+
+    def remove_observer(self, observer: Any) -> None:
+        """Stop telling ``observer`` (added with :meth:`add_observer`)."""
+        self._observers.remove(observer)
+
+    # ================================================================ pull mode
+
+    def take(self, max_messages: int | None = None, timeout: float = 0.0) -> list[Message]:
+        """Pull mode: the messages received and not taken yet, oldest first, at most
+        ``max_messages`` (None: all).  Waits up to ``timeout`` seconds for the first one
+        (0: never blocks); [] when none came, or the Consumer is stopping.
+
+        Each message has been through what a handler's goes through first (the trace log,
+        youzan's ordered-offset check, the give-up at ``max_tries``: a message given up on is
+        answered here and not returned).  A taken message is yours to answer, from any
+        thread: ``message.finish()`` / ``requeue()`` / ``touch()``, or many at once with
+        :meth:`finish_many` / :meth:`requeue_many`.  Answer within nsqd's msg_timeout (60 s
+        by default), or touch it: nsqd sends it again after that.  RDY is kept as in handler
+        mode, taken messages or not: the sum of RDY never exceeds ``max_in_flight``, so nsqd
+        stops sending once that many are in flight (what a connection held when its RDY was
+        lowered for another may briefly add to it, as in go-nsq).
+
+        Raises:
+            RuntimeError: the Consumer has a handler.
+        """
+        if not self._pull:
+            raise RuntimeError("take() is for a Consumer made without a handler (handler=None)")
+        if max_messages is not None:
+            check_int(max_messages, "max_messages", "messages", min=1)
+        check_float(timeout, "timeout", "seconds", min=0)
+        work = self._work
+        with self._work_cond:
+            if not work and timeout > 0:
+                deadline = time.monotonic() + timeout
+                while not work and not self._stopping.is_set():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._idle_workers += 1  # the reader threads wake a waiting taker
+                    try:
+                        self._work_cond.wait(remaining)
+                    finally:
+                        self._idle_workers -= 1
+            if not work:
+                return []
+            if max_messages is None or max_messages >= len(work):
+                batch = list(work)
+                work.clear()
+            else:
+                batch = [work.popleft() for _ in range(max_messages)]
+            for conn, run in itertools.groupby(batch, _conn_of):
+                conn.queued -= sum(1 for _ in run)
+        for message in batch:
+            message._async = True  # the taker answers: nothing answers for it
+        with self._lock:
+            self._held.update(batch)
+        kept = self._prepare(batch)
+        observers = self._observers.active
+        if observers and kept:
+            tell(observers, "messages_taken", self, kept)
+        return kept
+
+    def finish_many(self, messages: Iterable[Message]) -> int:
+        """FIN ``messages`` (received by this Consumer), one write per connection; return how
+        many were finished.  A message already answered is skipped (with a warning, as
+        ``message.finish()`` does); one whose connection is gone is only marked answered
+        (nsqd sends it again).  Counters, RDY and backoff move as for ``message.finish()``.
+
+        Raises:
+            ValueError: a message this Consumer did not receive (before anything is sent).
+        """
+        groups = self._claim_many(messages, "finish")
+        for conn, group in groups.items():
+            try:
+                conn.send(b"FIN " + b"\nFIN ".join([m.id for m in group]) + b"\n")
+            except NSQError:
+                logger.debug(
+                    "cannot FIN %d messages: connection to %s closed; nsqd will redeliver them",
+                    len(group),
+                    conn.address,
+                )
+        return self._answered_many(groups, "finish", None, None)
+
+    def requeue_many(
+        self, messages: Iterable[Message], delay: float | None = None, backoff: bool = True
+    ) -> int:
+        """REQ ``messages`` (received by this Consumer), one write per connection; return how
+        many were requeued.  ``delay`` in seconds (None: each message's default, as
+        ``message.requeue()``); ``backoff``: count each as a failure for backoff.  Skips and
+        errors as :meth:`finish_many`."""
+        if delay is not None:
+            check_float(delay, "delay", "seconds", min=0)
+        groups = self._claim_many(messages, "requeue")
+        for conn, group in groups.items():
+            commands = [
+                protocol.req(m.id, int(round(self._requeue_delay(m, delay) * 1000))) for m in group
+            ]
+            try:
+                conn.send(b"".join(commands))
+            except NSQError:
+                logger.debug(
+                    "cannot REQ %d messages: connection to %s closed; nsqd will redeliver them",
+                    len(group),
+                    conn.address,
+                )
+        return self._answered_many(groups, "requeue", delay, backoff)
+
+    def _claim_many(
+        self, messages: Iterable[Message], what: str
+    ) -> dict[Connection, list[Message]]:
+        """Claim each message's one answer (as Message.finish() does), grouped by connection."""
+        messages = list(messages)
+        delegate = self._delegate
+        for message in messages:
+            if message._responder is not delegate:
+                raise ValueError(f"message {message.id!r} was not received by {self!r}")
+        groups: dict[Connection, list[Message]] = {}
+        for message in claim_all(messages, what):
+            conn = message._conn
+            assert conn is not None  # a Consumer's messages always carry their connection
+            group = groups.get(conn)
+            if group is None:
+                groups[conn] = [message]
+            else:
+                group.append(message)
+        return groups
+
+    def _answered_many(
+        self,
+        groups: dict[Connection, list[Message]],
+        action: str,
+        delay: float | None,
+        backoff: bool | None,
+    ) -> int:
+        """:meth:`_answered` for the messages of a bulk FIN or REQ, in one lock round."""
+        count = sum(len(group) for group in groups.values())
+        if not count:
+            return 0
+        success = True if action == "finish" else (False if backoff else None)
+        with self._lock:
+            self._stats["finished" if action == "finish" else "requeued"] += count
+            for conn, group in groups.items():
+                conn.in_flight = max(conn.in_flight - len(group), 0)
+                if self._pull:
+                    self._held.difference_update(group)
+            if self._pull and self._stopping.is_set():
+                self._idle.set()
+            if success is not None and (self._backoff.level or not success):
+                now = time.monotonic()
+                decision = None
+                for _ in range(count):
+                    decision = self._backoff.record(success, now) or decision
+                if decision is not None:
+                    logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
+                    self._rdy_wake.set()
+        observers = self._observers.active
+        if observers:
+            answered = [m for group in groups.values() for m in group]
+            tell(observers, "messages_answered", self, answered, action, delay, backoff)
+        return count
 
     # ================================================================ connection delegate
     # (via _Delegate; these run on a connection's reader thread: quick, never user code)
@@ -670,51 +906,37 @@ class Consumer(Discovery):
                     self._idle.set()
 
     def _handle(self, message: Message) -> None:
-        if self._tracing:
-            trace_logger.info(
-                "received topic=%s partition=%s nsqd=%s message_id=%s trace_id=%s offset=%s"
-                " attempts=%d at=%.6f",
-                self.topic,
-                message.partition,
-                message.nsqd_address,
-                message.internal_id if message.internal_id is not None else message.id,
-                message.trace_id,
-                message.offset,
-                message.attempts,
-                time.time() - (time.monotonic() - message.received_at),
-            )
-        if self.ordered:
-            self._check_offset(message)
-        max_tries = self._max_tries
-        if max_tries and message.attempts > max_tries and not self.ordered:
-            with self._lock:
-                self._stats["given_up"] += 1
-            try:
-                if self.giving_up is not None:
-                    self.giving_up(message)
-                else:
-                    logger.warning(
-                        "giving up on message %r after %d attempts", message.id, message.attempts
-                    )
-            except Exception:
-                logger.exception("giving_up callback failed")
-            if not message.has_responded():
-                message.finish()
-            return
-        started = time.monotonic()
+        observers = self._observers.active
+        if observers:
+            tell(observers, "handler_started", self, message)
+        error: BaseException | None = None
         try:
-            result = self.handler(message)
+            if self._prepare([message]):
+                error = self._run_handler(message)
+        finally:
+            if observers:
+                tell(observers, "handler_ended", self, message, error)
+
+    def _run_handler(self, message: Message) -> BaseException | None:
+        """Run the handler on ``message`` and answer for it as the handler contract says;
+        return what it raised (None when it returned)."""
+        started = time.monotonic()
+        error: BaseException | None = None
+        handler = self.handler
+        assert handler is not None  # workers run only in handler mode
+        try:
+            result = handler(message)
         except RequeueMessage as req:
+            error = req
             if not message.has_responded():
                 message.requeue(req.delay, req.backoff)
-            result = None
-        except Exception:
+        except Exception as exc:
+            error = exc
             logger.exception("handler failed on message %r; requeueing", message.id)
             with self._lock:
                 self._stats["handler_errors"] += 1
             if not message.has_responded():
                 message.requeue(backoff=True)
-            result = None
         else:
             if not message._async and not message._responded:
                 if result is False:
@@ -725,7 +947,7 @@ class Consumer(Discovery):
         # nsqd's timer runs from delivery, and restarts at each TOUCH.
         held = now - (message.touched_at or message.received_at)
         if held < 1.0:  # below any msg_timeout nsqd allows: the common case, decided here
-            return
+            return error
         conn = message._conn
         if conn is not None and held > conn.msg_timeout:
             elapsed = now - started
@@ -738,6 +960,65 @@ class Consumer(Discovery):
                 message.id,
                 conn.msg_timeout,
             )
+        return error
+
+    def _prepare(self, messages: list[Message]) -> list[Message]:
+        """What every message goes through before user code sees it, a handler's or a
+        taker's: the trace log, youzan's ordered-offset check, and the give-up at
+        ``max_tries`` (those given up on are answered here and left out of what it returns).
+        Checks per message only what is switched on."""
+        if self._tracing:
+            for message in messages:
+                self._trace(message)
+        if self.ordered:
+            for message in messages:
+                self._check_offset(message)
+            return messages  # ordered: never given up on (nothing behind it may be skipped)
+        max_tries = self._max_tries
+        if not max_tries:
+            return messages
+        if not any(m.attempts > max_tries for m in messages):
+            return messages
+        kept = []
+        for message in messages:
+            if message.attempts > max_tries:
+                self._give_up(message)
+            else:
+                kept.append(message)
+        return kept
+
+    def _trace(self, message: Message) -> None:
+        trace_logger.info(
+            "received topic=%s partition=%s nsqd=%s message_id=%s trace_id=%s offset=%s"
+            " attempts=%d at=%.6f",
+            self.topic,
+            message.partition,
+            message.nsqd_address,
+            message.internal_id if message.internal_id is not None else message.id,
+            message.trace_id,
+            message.offset,
+            message.attempts,
+            time.time() - (time.monotonic() - message.received_at),
+        )
+
+    def _give_up(self, message: Message) -> None:
+        """``message`` came more than ``max_tries`` times: tell, run ``giving_up``, FIN."""
+        with self._lock:
+            self._stats["given_up"] += 1
+        observers = self._observers.active
+        if observers:
+            tell(observers, "message_given_up", self, message)
+        try:
+            if self.giving_up is not None:
+                self.giving_up(message)
+            else:
+                logger.warning(
+                    "giving up on message %r after %d attempts", message.id, message.attempts
+                )
+        except Exception:
+            logger.exception("giving_up callback failed")
+        if not message.has_responded():
+            message.finish()
 
     def _check_offset(self, message: Message) -> None:
         """Ordered consumption: a partition's offsets never go down (a redelivery repeats
@@ -768,6 +1049,10 @@ class Consumer(Discovery):
             self._stats[counter] += 1
             if conn.in_flight > 0:
                 conn.in_flight -= 1
+            if self._pull:
+                self._held.discard(message)
+                if self._stopping.is_set():
+                    self._idle.set()
             # At level 0 a success changes nothing (BackoffState.record returns None).
             if success is not None and (self._backoff.level or not success):
                 decision = self._backoff.record(success, time.monotonic())
@@ -784,20 +1069,31 @@ class Consumer(Discovery):
         except NSQError:
             logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
         self._answered(message, "finished", True)
+        observers = self._observers.active
+        if observers:
+            tell(observers, "messages_answered", self, (message,), "finish", None, None)
+
+    def _requeue_delay(self, message: Message, delay: float | None) -> float:
+        """Seconds a requeue of ``message`` asks nsqd for (ordered: 0, nothing may pass it)."""
+        if self.ordered:
+            return 0.0
+        if delay is None:
+            cfg = self.config
+            return min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+        return delay
 
     def _requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
         conn = message._conn
         assert conn is not None  # a Consumer's messages always carry their connection
-        cfg = self.config
-        if self.ordered:
-            delay = 0.0  # nothing behind it may go first: try it again now
-        elif delay is None:
-            delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+        delay = self._requeue_delay(message, delay)
         try:
             conn.send(protocol.req(message.id, int(round(delay * 1000))))
         except NSQError:
             logger.debug("cannot REQ %r: connection closed; nsqd will redeliver it", message.id)
         self._answered(message, "requeued", False if backoff else None)
+        observers = self._observers.active
+        if observers:
+            tell(observers, "messages_answered", self, (message,), "requeue", delay, backoff)
 
     def _touch_message(self, message: Message) -> None:
         conn = message._conn
@@ -806,3 +1102,6 @@ class Consumer(Discovery):
             conn.send(protocol.touch(message.id))
         except NSQError:
             logger.debug("cannot TOUCH %r: connection closed", message.id)
+        observers = self._observers.active
+        if observers:
+            tell(observers, "messages_answered", self, (message,), "touch", None, None)

@@ -38,6 +38,7 @@ from .errors import (
 )
 from .http import producer_address
 from .lookup import LookupdPool
+from .observe import ObserverSet, tell
 from .partitions import missing_partitions, partition_count
 
 __all__ = ["Discovery", "ORPHAN_LOOKUP_CAP", "split_key", "target_key"]
@@ -117,6 +118,7 @@ class Discovery:
     _orphan_lookups: int
     _warned_unordered: bool
     _fail: Callable[[NSQError], None]
+    _observers: ObserverSet
 
     def _discovery_loop(self) -> None:
         cfg = self.config
@@ -327,6 +329,9 @@ class Discovery:
             return
         logger.info("subscribed to %s/%s on %s", self.topic, self.channel, key)
         self._run_hook(self.on_connect, key)
+        observers = self._observers.active
+        if observers:
+            tell(observers, "connection_made", self, key)
         self._rdy_wake.set()
 
     def _schedule_reconnect(self, key: str, direct: bool, reason: BaseException | None) -> None:
@@ -359,6 +364,9 @@ class Discovery:
             except queue.Empty:
                 return
             self._run_hook(self.on_disconnect, address, reason)
+            observers = self._observers.active
+            if observers:
+                tell(observers, "connection_lost", self, address, reason)
 
     def _run_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
         if hook is None:

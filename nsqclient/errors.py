@@ -21,6 +21,7 @@ __all__ = [
     "ProtocolError",
     "ConnectionClosedError",
     "NSQTimeoutError",
+    "UndeliveredError",
     "AuthRequiredError",
     "NoRouteError",
     "ServerError",
@@ -89,7 +90,47 @@ class ConnectionClosedError(NSQError):
 
 
 class NSQTimeoutError(NSQError, TimeoutError):
-    """A blocking call ran past its timeout."""
+    """A call ran past its timeout (a publish: ``pub_timeout``, or ``timeout=``).
+
+    For a publish, ``maybe_processed`` says whether nsqd may have stored it: True when it was
+    written and no answer came in time (the outcome is unknown), False when it was never written
+    (no connection in time, or still queued behind a write nsqd did not take).
+    """
+
+    def __init__(self, message: str = "", maybe_processed: bool = True):
+        super().__init__(message)
+        self.maybe_processed = maybe_processed
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.maybe_processed))
+
+
+class UndeliveredError(NSQError):
+    """``flush()``, ``close()`` or leaving a ``with Producer(...)`` block found publishes
+    accepted since the previous ``flush()``/``close()`` that failed or were still unanswered,
+    and whose outcome nobody took from their Future.
+
+    ``futures`` holds those Futures (the first 10,000; ``count`` counts them all), each with its
+    own exception once done; ``failed`` and ``unanswered`` split ``count``.  A Future whose
+    outcome was already taken (``result()``, ``exception()``, ``add_done_callback()``) is not
+    reported again.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        futures: list | None = None,
+        failed: int = 0,
+        unanswered: int = 0,
+    ):
+        super().__init__(message)
+        self.futures = list(futures or [])
+        self.failed = failed
+        self.unanswered = unanswered
+        self.count = failed + unanswered
+
+    def __reduce__(self):
+        return (type(self), (str(self), [], self.failed, self.unanswered))
 
 
 class NoRouteError(NSQError):

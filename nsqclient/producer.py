@@ -31,20 +31,27 @@ from concurrent.futures import Future
 from typing import Any
 
 from . import protocol
+from .addresses import lookupd_addresses, nsqd_addresses
+from .answers import failure_of, wait_answered
 from .backlog import Backlog
 from .backoff import reconnect_delay
 from .checks import check_float
 from .config import Config, check_owner
-from .conn import AnyFuture, Connection, RequestFuture, Waiter, parse_address
+from .conn import AnyFuture, Connection, RequestFuture, Waiter
+from .deadlines import DeadlineKeeper
 from .errors import (
     ConnectionClosedError,
     NSQError,
     NSQTimeoutError,
+    UndeliveredError,
 )
 from .lookup import LookupdPool
+from .observe import ObserverSet, PublishEvent, tell
+from .partitions import key_bytes
 from .router import Router
 from .routing import PublishResult, RoutedPublishing
 from .slot import _CUMULATIVE, _Slot
+from .undelivered import Ledger, undelivered_error
 
 __all__ = ["Producer", "PublishResult"]
 
@@ -77,12 +84,14 @@ class Producer(RoutedPublishing):
     """Publishes to one or more nsqd.
 
     Args:
-        nsqd_tcp_addresses: ``"host:port"`` or a list of them.  Publishes go round-robin over
-            the addresses; an address that cannot be reached is skipped (with a growing
-            reconnect delay) and the publish goes to the next one.
-        lookupd_http_addresses: nsqlookupd HTTP addresses to learn, per topic, which nsqd to
-            publish to (used instead of ``nsqd_tcp_addresses`` when given).  On youzan's NSQ
-            this is how publishes find each partition's leader; see :meth:`pub`.
+        nsqd_tcp_addresses: ``"host:port"``, a list of them, or one comma-separated str.
+            Publishes go round-robin over the addresses; an address that cannot be reached is
+            skipped (with a growing reconnect delay) and the publish goes to the next one.
+        lookupd_http_addresses: nsqlookupd HTTP addresses (``"http://host:4161"`` or
+            ``"host:4161"``, the port required; a list or a comma-separated str) to learn, per
+            topic, which nsqd to publish to (used instead of ``nsqd_tcp_addresses`` when given).
+            On youzan's NSQ this is how publishes find each partition's leader; see
+            :meth:`pub`.  Bad addresses raise ValueError here (:mod:`nsqclient.addresses`).
         **options: any option of :class:`~nsqclient.config.Config` (``pub_timeout``,
             ``dial_timeout``, ``tls_v1``, ``snappy``, ``auth_secret``, ``heartbeat_interval``,
             ``lookupd_poll_interval``, ``trace``, ``leader_retries``...).  Durations are
@@ -98,12 +107,8 @@ class Producer(RoutedPublishing):
         lookupd_http_addresses: str | Sequence[str] | None = None,
         **options: Any,
     ):
-        if isinstance(nsqd_tcp_addresses, str):
-            nsqd_tcp_addresses = [nsqd_tcp_addresses]
-        if isinstance(lookupd_http_addresses, str):
-            lookupd_http_addresses = [lookupd_http_addresses]
-        addresses = [f"{h}:{p}" for h, p in map(parse_address, nsqd_tcp_addresses or [])]
-        lookupds = list(lookupd_http_addresses or [])
+        addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
+        lookupds = lookupd_addresses(lookupd_http_addresses, "lookupd_http_addresses")
         if not addresses and not lookupds:
             raise ValueError("Producer needs nsqd_tcp_addresses or lookupd_http_addresses")
         check_owner(options, "Producer")
@@ -123,12 +128,21 @@ class Producer(RoutedPublishing):
         self._routed_lock = threading.Lock()
         #: pub_async work that may block (connecting, lookups), run in order on one thread
         self._backlog = Backlog(addresses[0] if addresses else "lookup")
+        #: pub_async Futures that failed with nobody looking (flush() and close() report them)
+        self._ledger = Ledger()
+        self._pub_timeout = self.config.pub_timeout
+        #: taken by a backlogged publish before it is sent, and by its expiry (see _may_send)
+        self._send_gate = threading.RLock()
+        self._deadlines = DeadlineKeeper(
+            self._backlog.name, self._live_connections, self._pub_timeout, self._expire_outer
+        )
         self._rr = itertools.count()
         #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
         self._pub_lines: dict[str, bytes] = {}
         self._closed = False
         self._pid = os.getpid()
         _producers.add(self)
+        self._observers = ObserverSet(self)
 
     def __repr__(self) -> str:
         where = [s.address for s in self._slots] or self._router.pool.addresses()  # type: ignore[union-attr]
@@ -137,8 +151,14 @@ class Producer(RoutedPublishing):
     def __enter__(self) -> Producer:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except UndeliveredError as error:  # the block's own exception goes on
+            logger.error("%s (not raised: the with block raised %s)", error, exc_type.__name__)
 
     # ---------------------------------------------------------------- public API
 
@@ -181,6 +201,10 @@ class Producer(RoutedPublishing):
             ConnectionClosedError: no nsqd could be reached, or the connection died.
             NSQTimeoutError: no answer within ``timeout`` (the outcome is unknown).
         """
+        observers = self._observers.active
+        if observers:
+            return self._observed(observers, "PUB", False, topic, body, timeout, None, partition,
+                                  key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             self._publish(self._pub_command(topic, body), timeout)
             return None
@@ -200,6 +224,10 @@ class Producer(RoutedPublishing):
     ) -> PublishResult | None:
         """Publish several messages atomically (one MPUB); see :meth:`pub`.  ``trace_id`` may
         be one id for every message or one per message; ``ext`` goes with every message."""
+        observers = self._observers.active
+        if observers:
+            return self._observed(observers, "MPUB", False, topic, bodies, timeout, None,
+                                  partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             self._publish(protocol.mpub(topic, bodies), timeout)
             return None
@@ -211,6 +239,11 @@ class Producer(RoutedPublishing):
     ) -> None:
         """Publish one message that nsqd delivers after ``delay`` seconds; see :meth:`pub`.
         Classic NSQ only: youzan's nsqd has no DPUB (ValueError for a partitioned topic)."""
+        observers = self._observers.active
+        if observers:
+            self._observed(observers, "DPUB", False, topic, body, timeout, delay, None, None,
+                           None, None)  # fmt: skip
+            return
         command = protocol.dpub(topic, _delay_ms(delay), body)
         if self._router is None:
             self._publish(command, timeout)
@@ -238,6 +271,10 @@ class Producer(RoutedPublishing):
         here, at once.  When no connection is ready (the first publish, an nsqd down) or a
         topic's route must be looked up first, that work runs on the Producer's backlog
         thread, in the order of the calls."""
+        observers = self._observers.active
+        if observers:
+            return self._observed(observers, "PUB", True, topic, body, None, None, partition,
+                                  key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             return self._submit_async(self._pub_command(topic, body))
         build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
@@ -254,6 +291,10 @@ class Producer(RoutedPublishing):
         ext: dict[str, Any] | None = None,
     ) -> Future:
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
+        observers = self._observers.active
+        if observers:
+            return self._observed(observers, "MPUB", True, topic, bodies, None, None,
+                                  partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             return self._submit_async(protocol.mpub(topic, bodies))
         build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
@@ -261,15 +302,124 @@ class Producer(RoutedPublishing):
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
         """:meth:`dpub` without waiting; see :meth:`pub_async`."""
+        observers = self._observers.active
+        if observers:
+            return self._observed(observers, "DPUB", True, topic, body, None, delay, None,
+                                  None, None, None)  # fmt: skip
         command = protocol.dpub(topic, _delay_ms(delay), body)
         if self._router is None:
             return self._submit_async(command)
+        return self._submit_routed(topic, self._dpub_builder(topic, command), False, None, None)
 
+    def _dpub_builder(self, topic: str, command: bytes) -> Callable[[int | None], bytes]:
         def build(p: int | None) -> bytes:
             self._check_not_partitioned(topic)  # the route is cached by now
             return command
 
-        return self._submit_routed(topic, build, False, None, None)
+        return build
+
+    # ---------------------------------------------------------------- observers
+
+    def add_observer(self, observer: Any) -> None:
+        """Tell ``observer`` about every publish of this Producer (see
+        :mod:`nsqclient.observe`)."""
+        self._observers.add(observer)
+
+    def remove_observer(self, observer: Any) -> None:
+        """Stop telling ``observer`` (added with :meth:`add_observer`)."""
+        self._observers.remove(observer)
+
+    def _observed(
+        self,
+        observers: tuple[Any, ...],
+        command: str,
+        asynchronous: bool,
+        topic: str,
+        payload: Any,
+        timeout: float | None,
+        delay: float | None,
+        partition: int | None,
+        key: bytes | str | int | None,
+        trace_id: Any,
+        ext: dict[str, Any] | None,
+    ) -> Any:
+        """A publish while observers watch: the same input checks first (bad input raises
+        and is no publish), then ``publish_started`` (which may set the ext header), the
+        publish, and ``publish_ended`` with where it went and how it ended."""
+        batch = command == "MPUB"
+        wire = b""
+        build: Callable[[int | None], bytes] | None = None
+        traced = False
+        if key is not None:
+            key_bytes(key)
+        if command == "DPUB":
+            wire = protocol.dpub(topic, _delay_ms(delay), payload)  # type: ignore[arg-type]
+            if self._router is not None:
+                if not asynchronous:
+                    self._check_not_partitioned(topic)
+                build = self._dpub_builder(topic, wire)
+        elif self._classic(partition, key, trace_id, ext):
+            wire = protocol.mpub(topic, payload) if batch else self._pub_command(topic, payload)
+        else:
+            builder = self._mpub_builder if batch else self._pub_builder
+            build, traced = builder(topic, payload, partition, trace_id, ext)
+        event = PublishEvent(
+            self,
+            command,
+            asynchronous,
+            topic,
+            len(payload) if batch else 1,
+            None if batch else _body_size(payload),
+            partition,
+            ext,
+            bool(build) and command != "DPUB" and self._extendable(topic, batch, ext, traced,
+                                                                   not asynchronous),
+            self._slots[0].address if self._router is None and len(self._slots) == 1 else None,
+        )  # fmt: skip
+        tell(observers, "publish_started", event)
+        if event.ext is not ext and event.extendable:
+            builder = self._mpub_builder if batch else self._pub_builder
+            build, traced = builder(topic, payload, partition, trace_id, event.ext)
+        try:
+            if asynchronous:
+                if build is None:
+                    future: RequestFuture = self._submit_async(wire)  # type: ignore[assignment]
+                else:
+                    future = self._submit_routed(topic, build, traced, partition, key)  # type: ignore[assignment]
+                future.watch(lambda f: _async_ended(observers, event, f))
+                return future
+            answer: bytes | PublishResult
+            if build is None:
+                answer = self._publish(wire, timeout, event=event)
+                result = None
+            else:
+                result = self._publish_routed(topic, build, traced, timeout, partition, key, event)
+                answer = protocol.OK if result is None else result
+        except BaseException as exc:
+            event.error = exc
+            tell(observers, "publish_ended", event)
+            raise
+        _ended(observers, event, answer)
+        return result
+
+    def _extendable(
+        self, topic: str, batch: bool, ext: dict[str, Any] | None, traced: bool, lookup: bool
+    ) -> bool:
+        """May a header be added to this publish: one was given, or the topic's route (looked
+        up now when ``lookup`` and not cached: the publish looks it up anyway) says it takes
+        headers, and it is not a traced MPUB (MPUB_EXT answers no trace result)."""
+        if ext is not None:
+            return True
+        router = self._router
+        if router is None or (batch and traced):
+            return False
+        route = router.cached(topic)
+        if route is None and lookup:
+            try:
+                route = router.route(topic)
+            except Exception:
+                return False  # the publish itself raises it
+        return route is not None and route.partitioned and route.extend_support
 
     def _classic(self, partition: object, key: object, trace_id: object, ext: object) -> bool:
         """True for a publish with nothing of youzan's and no lookup: the fast path."""
@@ -300,34 +450,41 @@ class Producer(RoutedPublishing):
         answer or has failed; ``timeout`` in seconds (default: ``pub_timeout``).
 
         Raises:
-            NSQTimeoutError: some publishes were still unanswered after ``timeout``; it says
-                how many.  They stay in flight: their futures resolve later.
+            UndeliveredError: publishes accepted since the previous ``flush()``/``close()``
+                failed, or were still unanswered after ``timeout``, and nobody took their
+                outcome from their Future (``result()``, ``exception()``, a done callback).
+                It says how many and why, and holds their Futures.  The unanswered ones stay
+                in flight: their Futures resolve later.
         """
         timeout = self.config.pub_timeout if timeout is None else timeout
-        unanswered, _ = self._wait_answered(time.monotonic() + timeout)
-        if unanswered:
-            raise NSQTimeoutError(
-                f"{unanswered} publishes still without nsqd's answer after {timeout:g}s"
-            )
+        unanswered = self._wait_answered(time.monotonic() + timeout)
+        self._raise_undelivered("flush()", unanswered, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Wait up to ``timeout`` seconds for publishes in flight, then close every connection.
         Publishing afterwards raises ConnectionClosedError.
 
+        Raises:
+            UndeliveredError: as :meth:`flush` does, once everything is closed: publishes
+                accepted since the previous ``flush()``/``close()`` that failed or were still
+                unanswered after ``timeout``, and whose outcome nobody took from its Future.
+                Leaving a ``with Producer(...)`` block raises it too, unless the block is
+                already raising (then it is logged at ERROR).
+
         A Producer that was never closed is closed at interpreter exit: it waits up to the
         ``exit_flush_timeout`` option (seconds) for what it accepted, and logs an ERROR naming
         how many publishes it could not deliver."""
+        unanswered = self._close(timeout)
+        self._raise_undelivered("close()", unanswered, timeout)
+
+    def _close(self, timeout: float) -> list[Future | Waiter]:
+        """Close (see :meth:`close`); return the requests still unanswered at the deadline
+        (they failed as their connections closed: the caller reports them as unanswered)."""
         deadline = time.monotonic() + timeout
         # Publishes accepted by pub_async and still waiting for a connection go out first.
         self._backlog.wait_empty(deadline - time.monotonic())
         self._closed = True
-        with self._routed_lock:
-            routed = list(self._routed)
-        for future in routed:  # routed publishes waiting for a retry
-            try:
-                future.exception(timeout=max(deadline - time.monotonic(), 0.0))
-            except TimeoutError:
-                break
+        unanswered = self._wait_answered(deadline)
         for slot in list(self._pool.values()):
             with slot.lock:
                 conn, slot.conn = slot.conn, None
@@ -335,40 +492,65 @@ class Producer(RoutedPublishing):
                     slot.retire(conn)
             if conn is not None and conn.pid == os.getpid():
                 conn.close(max(deadline - time.monotonic(), 0.0))
+        self._deadlines.stop()
+        self._observers.close()
+        return unanswered
 
-    def _wait_answered(self, deadline: float) -> tuple[int, int]:
-        """Wait until ``deadline`` for the requests in flight now; return (still unanswered,
-        failed)."""
+    def _raise_undelivered(
+        self, call: str, unanswered: list[Future | Waiter], timeout: float
+    ) -> None:
+        failed, extra = self._ledger.take()
+        if unanswered:  # close() failed them as it closed their connections: unanswered
+            waiting = set(unanswered)
+            failed = [f for f in failed if f not in waiting]
+        error = undelivered_error(call, failed, extra, unanswered, timeout)
+        if error is not None:
+            raise error
+
+    def _wait_answered(self, deadline: float) -> list[Future | Waiter]:
+        """Wait until ``deadline`` for the publishes in flight now (queued for a connection,
+        waiting for a retry, or sent); return those still unanswered.  Taking no outcome (see
+        :func:`~nsqclient.answers.wait_answered`)."""
         with self._routed_lock:
             pending: list[Future | Waiter] = list(self._routed)
         for slot in list(self._pool.values()):
             conn = slot.conn
             if conn is not None and conn.pid == os.getpid():
                 pending.extend(conn.pending_requests())
-        unanswered = failed = 0
+        unanswered = []
         for future in pending:
-            try:
-                if future.exception(timeout=max(deadline - time.monotonic(), 0.0)) is not None:
-                    failed += 1
-            except TimeoutError:
-                unanswered += 1
-        return unanswered, failed
+            if not wait_answered(future, deadline - time.monotonic()):
+                unanswered.append(future)
+        return unanswered
 
     def _close_at_exit(self) -> None:
         timeout = self.config.exit_flush_timeout
-        unanswered, failed = self._wait_answered(time.monotonic() + timeout)
-        if unanswered or failed:
+        unanswered = self._wait_answered(time.monotonic() + timeout)
+        failed, extra = self._ledger.take()
+        error = undelivered_error("exit", failed, extra, unanswered, timeout)
+        if error is not None:
             logger.error(
                 "Producer %s was not closed before exit: %d publishes could not be delivered"
                 " (%d without an answer after exit_flush_timeout=%gs, %d failed); call"
                 " close() or flush() before exiting",
                 list(self._pool),
-                unanswered + failed,
-                unanswered,
+                error.count,
+                error.unanswered,
                 timeout,
-                failed,
+                error.failed,
             )
-        self.close(timeout=0.0)
+        self._close(0.0)
+        self._ledger.take()  # what failed as the connections closed: counted above
+
+    def _live_connections(self) -> list[Connection]:
+        """The connections of this process, for the deadline keeper."""
+        pid = os.getpid()
+        conns = []
+        for slot in list(self._pool.values()):
+            conn = slot.conn
+            if conn is not None and conn.pid == pid and not conn.is_closed:
+                conns.append(conn)
+        return conns
 
     @property
     def closed(self) -> bool:
@@ -423,6 +605,7 @@ class Producer(RoutedPublishing):
         timeout: float | None,
         slots: list[_Slot] | None = None,
         deadline: float | None = None,
+        event: PublishEvent | None = None,
     ) -> bytes:
         timeout = self.config.pub_timeout if timeout is None else timeout
         if deadline is None:
@@ -434,11 +617,14 @@ class Producer(RoutedPublishing):
             except ConnectionClosedError as exc:
                 if time.monotonic() >= deadline:
                     raise NSQTimeoutError(
-                        f"no nsqd connection within {timeout:g}s (nothing was sent): {exc}"
+                        f"no nsqd connection within {timeout:g}s (nothing was sent): {exc}",
+                        maybe_processed=False,
                     ) from exc
                 raise
             conn = future.conn
             if conn is not None:
+                if event is not None:
+                    event.nsqd_address = conn.address
                 conn.read_until(future, deadline)  # read our own answer when nobody else is
             try:
                 return future.result(max(deadline - time.monotonic(), 0.0))
@@ -516,8 +702,10 @@ class Producer(RoutedPublishing):
                 continue
             future = conn.request(command, make_future(), count)
             if _not_processed(future) and not connect:
+                _discard(future)
                 continue  # closed just now: the caller goes the blocking way
             if _not_processed(future):
+                _discard(future)
                 # It closed just now, before nsqd took the command: nothing was stored.
                 # One fresh connection to the same nsqd, then the next address.
                 if isinstance(future, Waiter):
@@ -526,7 +714,8 @@ class Producer(RoutedPublishing):
                 if conn is not None:
                     future = conn.request(command, make_future(), count)
                 if conn is None or _not_processed(future):
-                    errors.append(f"{slot.address}: {slot.last_error or future.exception()}")
+                    _discard(future)
+                    errors.append(f"{slot.address}: {slot.last_error or failure_of(future)}")
                     continue
             if isinstance(future, Future):
                 future.nsqd_address = slot.address  # type: ignore[attr-defined]
@@ -568,19 +757,24 @@ class Producer(RoutedPublishing):
         if not self._backlog.jobs:
             future = self._submit_to(command, None, RequestFuture, None, False)
             if future is not None:
+                if not self._deadlines.running:
+                    self._deadlines.ensure()
                 return future
         elif self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        outer = self._tracked_future()
-        deadline = time.monotonic() + self.config.pub_timeout
+        deadline = time.monotonic() + self._pub_timeout
+        outer = self._tracked_future(deadline)
 
         def job() -> None:
+            if not self._may_send(outer):
+                return  # its deadline passed while it waited: failed, nothing sent
             try:
                 inner = self._submit_backlogged(command, deadline, None)
             except BaseException as exc:
-                outer.set_exception(exc)
+                self._settle(outer, error=exc)
                 return
-            _chain(inner, outer)
+            outer.inner = inner  # type: ignore[attr-defined]  # for _expire_outer
+            self._chain(inner, outer)
 
         self._backlog.submit(job)
         return outer
@@ -597,33 +791,109 @@ class Producer(RoutedPublishing):
             for slot in candidates:
                 slot.skipped += 1
             raise ConnectionClosedError(
-                "could not reach any nsqd: "
-                + "; ".join(f"{s.address}: {s.last_error}" for s in candidates),
+                "could not reach any nsqd: " + "; ".join(s.outage(now) for s in candidates),
                 maybe_processed=False,
             )
         if now >= deadline:
             raise NSQTimeoutError(
-                f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s);"
-                " nothing was sent"
+                f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s); nothing was sent",
+                maybe_processed=False,
             )
         try:
-            return self._submit(command, deadline, RequestFuture, slots)
+            return self._submit_until(command, deadline, slots)
         except ConnectionClosedError as exc:
             if self._closed or time.monotonic() < deadline:
                 raise
             raise NSQTimeoutError(
-                f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s; nothing"
-                f" was sent): {exc}"
+                f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s; nothing"
+                f" was sent): {exc}",
+                maybe_processed=False,
             ) from exc
 
-    def _tracked_future(self) -> Future:
-        """A running Future that flush() and close() wait for until it is done."""
-        outer: Future = Future()
-        outer.set_running_or_notify_cancel()
+    def _submit_until(self, command: bytes, deadline: float, slots: list[_Slot] | None) -> Future:
+        """:meth:`_submit` connecting until ``deadline`` (a ``time.monotonic()``)."""
+        future = self._submit(command, deadline, RequestFuture, slots)
+        self._deadlines.ensure()
+        return future
+
+    def _tracked_future(self, deadline: float) -> RequestFuture:
+        """A running Future handed to a pub_async caller before its publish is written: flush()
+        and close() wait for it until it is done, it fails with NSQTimeoutError at
+        ``deadline`` (a ``time.monotonic()``; see _expire_outer), and it goes to the ledger
+        when it fails unseen."""
+        outer = RequestFuture(self._ledger.note)
+        outer.deadline = deadline  # type: ignore[attr-defined]
+        outer.sent = False  # type: ignore[attr-defined]
+        outer.inner = None  # type: ignore[attr-defined]
         with self._routed_lock:
             self._routed.add(outer)
-        outer.add_done_callback(self._forget_routed)
+        outer.watch(self._forget_routed)
+        self._deadlines.ensure()
         return outer
+
+    def _may_send(self, outer: Future) -> bool:
+        """Before a backlogged or retried publish is written for ``outer``: False if ``outer``
+        is done (its deadline passed: it failed saying nothing was sent, so nothing may be);
+        otherwise mark it sent (from now on its outcome is unknown until nsqd answers)."""
+        with self._send_gate:
+            if outer.done():
+                return False
+            outer.sent = True  # type: ignore[attr-defined]
+            return True
+
+    def _settle(
+        self, outer: Future, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        """Complete ``outer`` (a Future of _tracked_future) unless its deadline already failed
+        it."""
+        with self._send_gate:
+            if outer.done():
+                return
+            if error is not None:
+                outer.set_exception(error)
+            else:
+                outer.set_result(result)
+
+    def _chain(self, inner: Future, outer: Future) -> None:
+        """Complete ``outer`` as ``inner`` completes (with its nsqd address)."""
+        outer.nsqd_address = getattr(inner, "nsqd_address", None)  # type: ignore[attr-defined]
+
+        def done(f: Future) -> None:
+            error = f.exception()
+            self._settle(outer, None if error is not None else f.result(), error)
+
+        inner.add_done_callback(done)
+
+    def _expire_outer(self, now: float) -> bool:
+        """The deadline keeper's look at the Futures handed out before their publish reached a
+        connection (see _tracked_future), past their deadline: one never sent fails saying
+        so; one whose publish is on a connection fails as that request expires there (never
+        written: never will be); one being sent right now is left to its own deadline,
+        which bounds the connecting.  True while some wait."""
+        with self._routed_lock:
+            outers = list(self._routed)
+        for outer in outers:
+            if outer.deadline > now:  # type: ignore[attr-defined]
+                continue
+            with self._send_gate:
+                if outer.done():
+                    continue
+                inner = outer.inner  # type: ignore[attr-defined]
+                if not outer.sent:  # type: ignore[attr-defined]
+                    outer.set_exception(
+                        NSQTimeoutError(
+                            f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s);"
+                            " nothing was sent",
+                            maybe_processed=False,
+                        )
+                    )
+                    continue
+            if inner is not None and not inner.done():
+                slot = self._pool.get(getattr(inner, "nsqd_address", None) or "")
+                conn = slot.conn if slot is not None else None
+                if conn is not None:
+                    conn.expire_request(inner)  # outer follows through its chain
+        return bool(outers)
 
     def _slot(self, address: str) -> _Slot:
         slot = self._pool.get(address)
@@ -643,7 +913,9 @@ class Producer(RoutedPublishing):
             return conn
         remaining = None if deadline is None else deadline - time.monotonic()
         if not slot.lock.acquire(timeout=-1 if remaining is None else max(remaining, 0.0)):
-            slot.last_error = NSQTimeoutError(f"timed out waiting to connect to {slot.address}")
+            slot.last_error = NSQTimeoutError(
+                f"timed out waiting to connect to {slot.address}", maybe_processed=False
+            )
             return None
         try:
             return self._connect_locked(slot, deadline)
@@ -664,6 +936,7 @@ class Producer(RoutedPublishing):
                 # (youzan does after some errors): close it rather than leak its threads.
                 conn.close(0.0)
         conn = Connection(slot.address, self.config, caller_reads=True)
+        conn.on_request_failed = self._ledger.note
         try:
             conn.connect(deadline, "the publish's timeout: pub_timeout, or timeout=")
         except (OSError, NSQError) as exc:
@@ -690,6 +963,7 @@ class Producer(RoutedPublishing):
         """Record a failed connection attempt; log it once per outage (DEBUG afterwards)."""
         slot.failures += 1
         slot.last_error = exc
+        slot.failed_at = time.monotonic()
         delay = reconnect_delay(
             slot.failures, self.config.reconnect_interval, self.config.max_reconnect_interval
         )
@@ -719,6 +993,13 @@ class Producer(RoutedPublishing):
         self._routed_lock = threading.Lock()
         self._routed = set()
         self._backlog = Backlog(self._backlog.name)
+        self._ledger = Ledger()
+        self._pub_timeout = self.config.pub_timeout
+        #: taken by a backlogged publish before it is sent, and by its expiry (see _may_send)
+        self._send_gate = threading.RLock()
+        self._deadlines = DeadlineKeeper(
+            self._backlog.name, self._live_connections, self._pub_timeout, self._expire_outer
+        )
 
 
 def _not_processed(future: Future | Waiter) -> bool:
@@ -728,8 +1009,15 @@ def _not_processed(future: Future | Waiter) -> bool:
     that closes the connection: that answer is the caller's."""
     if not future.done():
         return False
-    exc = future.exception()
+    exc = failure_of(future)
     return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
+
+
+def _discard(future: Future | Waiter) -> None:
+    """A request that failed before nsqd took it and is sent again as a new one: its failure is
+    nobody's to report (see :class:`~nsqclient.undelivered.Ledger`)."""
+    if isinstance(future, RequestFuture):
+        future.observed = True
 
 
 def _passing(passed: list[_Slot] | None, slot: _Slot) -> list[_Slot]:
@@ -754,18 +1042,37 @@ def _warn_failover(slot: _Slot, used: str) -> None:
         )
 
 
-def _chain(inner: Future, outer: Future) -> None:
-    """Complete ``outer`` as ``inner`` completes (with its nsqd address)."""
-    outer.nsqd_address = getattr(inner, "nsqd_address", None)  # type: ignore[attr-defined]
+def _ended(observers: tuple[Any, ...], event: PublishEvent, result: Any) -> None:
+    """Tell ``publish_ended`` of a publish that succeeded with ``result``."""
+    event.result = result
+    if isinstance(result, PublishResult):
+        event.nsqd_address = result.nsqd_address or event.nsqd_address
+        if result.partition is not None:
+            event.partition = result.partition
+    tell(observers, "publish_ended", event)
 
-    def done(f: Future) -> None:
-        exc = f.exception()
-        if exc is not None:
-            outer.set_exception(exc)
-        else:
-            outer.set_result(f.result())
 
-    inner.add_done_callback(done)
+def _async_ended(observers: tuple[Any, ...], event: PublishEvent, future: Future) -> None:
+    """An asynchronous publish's Future completed: tell where it went and how it ended."""
+    event.nsqd_address = getattr(future, "nsqd_address", None) or event.nsqd_address
+    partition = getattr(future, "partition", None)
+    if partition is not None:
+        event.partition = partition
+    error = failure_of(future)
+    if error is not None:
+        event.error = error
+        tell(observers, "publish_ended", event)
+    else:
+        _ended(observers, event, future.answer())  # type: ignore[attr-defined]
+
+
+def _body_size(body: Any) -> int | None:
+    """Bytes of a body as it goes on the wire (a str as UTF-8)."""
+    if isinstance(body, str):
+        return len(body.encode())
+    if isinstance(body, memoryview):
+        return body.nbytes
+    return len(body) if isinstance(body, bytes | bytearray) else None
 
 
 def _delay_ms(delay: float) -> int:

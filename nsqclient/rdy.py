@@ -127,16 +127,16 @@ def needs_refill(remaining: int, last_rdy: int) -> bool:
     return last_rdy > 0 and (remaining <= 0 or remaining < last_rdy / 4)
 
 
-def is_starved(conns: Sequence[ConnView]) -> bool:
+def is_starved(conns: Sequence[ConnView], threshold: float = 0.85) -> bool:
     """The guide's rule: on some connection, the messages handlers hold (in flight and no longer
-    queued for a handler) amount to 85% or more of its last RDY, so nsqd will soon send nothing
-    more and a batching handler should process what it holds now.
+    queued for a handler) amount to ``threshold`` (85% by default) or more of its last RDY, so
+    nsqd will soon send nothing more and a batching handler should process what it holds now.
 
     Messages still waiting in the consumer's queue are not counted: they are not in anyone's
     batch, and they flow to the handlers without nsqd sending anything (pynsq counts a message
     in flight only when its handler gets it, for the same reason)."""
     for c in conns:
         held = c.in_flight - c.queued
-        if held > 0 and held >= 0.85 * c.rdy:
+        if held > 0 and held >= threshold * c.rdy:
             return True
     return False

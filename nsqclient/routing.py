@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from . import protocol
 from .checks import check_int
 from .config import Config
-from .conn import RequestFuture
 from .errors import (
     ConnectionClosedError,
     FailedOnNotLeaderError,
@@ -36,6 +35,7 @@ from .errors import (
     ServerError,
     TopicNotExistError,
 )
+from .observe import PublishEvent
 from .partitions import key_bytes
 from .router import Router
 
@@ -91,8 +91,11 @@ class RoutedPublishing:
     _submit: Callable[..., Any]
     _submit_live: Callable[..., Future | None]
     _submit_backlogged: Callable[..., Future]
+    _submit_until: Callable[..., Future]
     _slot: Callable[[str], _Slot]
-    _tracked_future: Callable[[], Future]
+    _tracked_future: Callable[[float], Future]
+    _may_send: Callable[[Future], bool]
+    _settle: Callable[..., None]
     _forget_routed: Callable[[Future], None]
 
     def _pub_builder(
@@ -243,6 +246,7 @@ class RoutedPublishing:
         timeout: float | None,
         partition: int | None,
         key: bytes | str | int | None,
+        event: PublishEvent | None = None,
     ) -> PublishResult | None:
         timeout = self.config.pub_timeout if timeout is None else timeout
         started = time.monotonic()
@@ -256,8 +260,10 @@ class RoutedPublishing:
             try:
                 p, slots = self._target(topic, partition, key)
                 command = build(p)
+                if event is not None:
+                    event.partition = p
                 try:
-                    reply = self._publish(command, timeout, slots, deadline)
+                    reply = self._publish(command, timeout, slots, deadline, event)
                 except ServerError:
                     self._after_refusal(command, slots)
                     raise
@@ -269,7 +275,8 @@ class RoutedPublishing:
                     if _leader_gone(exc):
                         raise NSQTimeoutError(
                             f"no leader of {topic!r} could be reached within {timeout:g}s"
-                            f" (nothing was sent): {exc}"
+                            f" (nothing was sent): {exc}",
+                            maybe_processed=False,
                         ) from exc
                     raise
                 retries += 1
@@ -327,9 +334,9 @@ class RoutedPublishing:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         router = self._router
         clock = time.monotonic if router is None else router.now
-        outer = self._tracked_future()
         started = time.monotonic()
         deadline = started + self.config.pub_timeout
+        outer = self._tracked_future(deadline)
 
         def attempt(retries: int, inline: bool = False) -> bool:
             """One attempt; False when ``inline`` and it cannot go without blocking."""
@@ -340,24 +347,28 @@ class RoutedPublishing:
                 p, slots = self._target(topic, partition, key)
                 command = build(p)
                 inner: Future | None
+                if not self._may_send(outer):
+                    return True  # past its deadline: failed, and nothing may be sent now
                 if inline:
                     inner = self._submit_live(command, slots)
                     if inner is None:
+                        outer.sent = False  # type: ignore[attr-defined]  # not sent after all
                         return False
                 elif retries == 0:
                     inner = self._submit_backlogged(command, deadline, slots)
                 else:
-                    inner = self._submit(command, None, RequestFuture, slots)
+                    inner = self._submit_until(command, deadline, slots)
             except (ValueError, TypeError) as exc:
                 if inline:
                     raise  # bad input: at the call site
-                outer.set_exception(exc)
+                self._settle(outer, error=exc)
                 return True
             except BaseException as exc:
                 failed(exc, retries, attempted_at)
                 return True
+            outer.inner = inner  # type: ignore[attr-defined]  # for _expire_outer
             address = slots[0].address if slots else ""
-            inner.add_done_callback(
+            inner.watch(  # type: ignore[attr-defined]
                 lambda f: answered(f, p, address, retries, command, slots, attempted_at)
             )
             return True
@@ -381,23 +392,25 @@ class RoutedPublishing:
                 failed(exc, retries, attempted_at)
             elif traced:
                 try:
-                    outer.set_result(self._traced(topic, p, address, inner.result(), started))
+                    self._settle(outer, self._traced(topic, p, address, inner.result(), started))
                 except Exception as error:
-                    outer.set_exception(error)
+                    self._settle(outer, error=error)
             else:
-                outer.set_result(inner.result())
+                self._settle(outer, inner.result())
 
         def failed(exc: BaseException, retries: int, attempted_at: float) -> None:
             delay = self._retry_delay(topic, exc, retries, attempted_at)
             if delay is None:
-                outer.set_exception(exc)
+                self._settle(outer, error=exc)
                 return
             if time.monotonic() + delay >= deadline and _leader_gone(exc):
-                outer.set_exception(
-                    NSQTimeoutError(
+                self._settle(
+                    outer,
+                    error=NSQTimeoutError(
                         f"no leader of {topic!r} could be reached within pub_timeout"
-                        f" ({self.config.pub_timeout:g}s; nothing was sent): {exc}"
-                    )
+                        f" ({self.config.pub_timeout:g}s; nothing was sent): {exc}",
+                        maybe_processed=False,
+                    ),
                 )
                 return
             timer = threading.Timer(delay, attempt, (retries + 1,))

@@ -29,6 +29,7 @@ class _Slot:
         "totals",
         "warming",
         "warned",
+        "failed_at",
     )
 
     def __init__(self, address: str):
@@ -51,11 +52,22 @@ class _Slot:
         self.warming = False
         #: the current outage was logged at WARNING (publishes failed over to other addresses)
         self.warned = False
+        #: monotonic time of the last failed connection attempt
+        self.failed_at = 0.0
 
     def live(self) -> Connection | None:
         """The connection, when it is connected."""
         conn = self.conn
         return conn if conn is not None and conn.is_connected else None
+
+    def outage(self, now: float) -> str:
+        """Why the address is down, for an error: the last attempt's error, how long ago it
+        was and when the next attempt is (``now``: ``time.monotonic()``)."""
+        return (
+            f"{self.address}: {self.last_error} (the last connection attempt's error,"
+            f" {max(now - self.failed_at, 0.0):.1f}s ago; the next attempt is in"
+            f" {max(self.down_until - now, 0.0):.1f}s)"
+        )
 
     def retire(self, conn: Connection) -> None:
         """Fold a connection that is being replaced or closed into the slot's totals."""

@@ -19,7 +19,12 @@ import pytest
 
 from nsqclient import Producer, protocol
 from nsqclient.conn import Waiter
-from nsqclient.errors import BadMessageError, ConnectionClosedError, NSQTimeoutError
+from nsqclient.errors import (
+    BadMessageError,
+    ConnectionClosedError,
+    NSQTimeoutError,
+    UndeliveredError,
+)
 from nsqclient.testing.helpers import free_port, message_count
 from nsqclient.testing.waiting import wait_for
 
@@ -141,8 +146,11 @@ def test_flush_times_out_naming_how_many_are_waiting(nsqd, producers):
     nsqd.stall_nsqd(0)
     try:
         futures = [p.pub_async("p_flush_stall", b"x") for _ in range(7)]
-        with pytest.raises(NSQTimeoutError, match="7 publishes"):
+        with pytest.raises(UndeliveredError, match="7 publishes") as info:
             p.flush(0.2)
+        assert (info.value.unanswered, info.value.failed) == (7, 0)
+        assert set(info.value.futures) == set(futures)
+        assert "7 still without nsqd's answer after 0.2s" in str(info.value)
     finally:
         nsqd.unstall_nsqd(0)
     p.flush(TIMEOUT)

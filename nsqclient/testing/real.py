@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -208,11 +209,17 @@ class _Process:
                 )
             _PAUSE.wait(0.02)
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the process, if it runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
+        proc.send_signal(signal.SIGCONT)  # a frozen one (stall_nsqd) could not exit
         proc.terminate()
         try:
             proc.wait(timeout=timeout)
@@ -434,10 +441,20 @@ class RealNSQ:
         raise NotImplementedError("drop_connections is an embedded-only fault control")
 
     def stall_nsqd(self, i: int) -> None:
-        raise NotImplementedError("stall_nsqd is an embedded-only fault control")
+        """Freeze nsqd ``i`` (SIGSTOP): the kernel still accepts connections and buffers what
+        is written, nothing is answered."""
+        self._nsqd_process(i).signal(signal.SIGSTOP)
 
     def unstall_nsqd(self, i: int) -> None:
-        raise NotImplementedError("unstall_nsqd is an embedded-only fault control")
+        """Resume nsqd ``i`` after :meth:`stall_nsqd` (SIGCONT)."""
+        self._nsqd_process(i).signal(signal.SIGCONT)
+
+    def _nsqd_process(self, i: int) -> _Process:
+        with self._lock:
+            process = self._nsqd_slots[i].process
+        if process is None or not process.running:
+            raise RealNSQError(f"nsqd {i} is not running")
+        return process
 
     def inject_frame(self, i: int, raw: bytes) -> None:
         raise NotImplementedError("inject_frame is an embedded-only fault control")

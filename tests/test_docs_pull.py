@@ -1,0 +1,65 @@
+"""docs/consumer.rst's pull-mode program ("Taking messages in batches") runs as printed."""
+
+from __future__ import annotations
+
+import threading
+
+from test_docs_examples import channel_stats, code_block
+
+from nsqclient import Producer
+from nsqclient.testing.waiting import wait_for
+
+
+def test_taking_messages_in_batches_writes_each_once_and_leaves_nothing_in_flight(nsqd):
+    source = code_block("consumer.rst", "Taking messages in batches")
+    assert "http://127.0.0.1:4161" in source
+    source = source.replace("http://127.0.0.1:4161", nsqd.lookupd.http_url)
+    # The failed batch comes back after 0.1 s rather than the default delay (90 s x attempts).
+    assert source.count("max_in_flight=2 * BATCH_SIZE,") == 1
+    source = source.replace(
+        "max_in_flight=2 * BATCH_SIZE,", "max_in_flight=2 * BATCH_SIZE, default_requeue_delay=0.1,"
+    )
+    batches: list[list[bytes]] = []
+    failed_once = threading.Event()
+    bodies = [b"click %d" % i for i in range(1250)]
+
+    def write_all(items: list[bytes]) -> None:
+        if not failed_once.is_set():
+            failed_once.set()  # the first batch fails: requeued, written again later
+            raise OSError("the database is away")
+        batches.append(list(items))
+
+    namespace = {"__name__": "pull_example", "write_all": write_all}
+    with Producer(nsqd.nsqd.tcp_address) as producer:
+        producer.mpub("clicks", bodies)
+    errors: list[BaseException] = []
+
+    def run_example() -> None:
+        try:
+            exec(compile(source, "consumer.rst", "exec"), namespace)
+        except BaseException as exc:
+            errors.append(exc)
+
+    program = threading.Thread(target=run_example, name="pull-example")
+    program.start()
+    try:
+        wait_for(lambda: sum(map(len, batches)) >= len(bodies), 30, 0.02, lambda: str(batches))
+        wait_for(
+            lambda: (
+                (c := channel_stats(nsqd, "clicks", "bulk-writer")) is not None
+                and c["in_flight_count"] == 0
+                and c["depth"] == 0
+            ),
+            10,
+            0.05,
+            lambda: f"left on nsqd: {channel_stats(nsqd, 'clicks', 'bulk-writer')}",
+        )
+    finally:
+        wait_for(lambda: "consumer" in namespace, 10)
+        namespace["consumer"].stop(timeout=10)
+        program.join(15)
+    assert not program.is_alive() and errors == []
+    assert sorted(b for batch in batches for b in batch) == sorted(bodies)
+    assert max(len(b) for b in batches) <= 500
+    stats = namespace["consumer"].stats()
+    assert stats["finished"] == len(bodies) and stats["requeued"] >= 1
