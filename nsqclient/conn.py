@@ -22,7 +22,6 @@ there (DESIGN.md, rule 2).
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import queue
@@ -40,18 +39,17 @@ from typing import Any, Protocol, overload
 from . import protocol
 from .addresses import split_host_port
 from .answers import AnyFuture, RequestFuture, Waiter, wait_answered
-from .config import Config, identify_payload
+from .config import Config
 from .errors import (
-    AuthRequiredError,
     ConnectionClosedError,
     NSQError,
     NSQTimeoutError,
-    ProtocolError,
     ServerError,
     error_from_frame,
 )
+from .handshake import open_transport
 from .protocol import DecodedMessage, FrameReader
-from .transport import Transport, make_tls_context
+from .transport import Transport
 
 __all__ = [
     "Connection",
@@ -228,73 +226,29 @@ class Connection:
         if self.state is not ConnectionState.INIT:
             raise NSQError(f"connect() called on a connection in state {self.state.value}")
         self._set_state(ConnectionState.CONNECTING)
-        cfg = self.config
-        sock = None
-        watchdog: threading.Timer | None = None
-        expired = threading.Event()
-        handshake_timeout = cfg.handshake_timeout
-        handshake_limit = "handshake_timeout"
         try:
-            dial_timeout, dial_limit = cfg.dial_timeout, "dial_timeout"
-            if deadline is not None and deadline - time.monotonic() < dial_timeout:
-                dial_timeout, dial_limit = max(deadline - time.monotonic(), 0.001), deadline_name
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=dial_timeout)
-            except TimeoutError as exc:
-                raise NSQTimeoutError(
-                    f"connecting to {self.address} took longer than {dial_timeout:.2g}s"
-                    f" ({dial_limit})"
-                ) from exc
-            self._sock = sock
-            if self._abort.is_set():
-                raise ConnectionClosedError(f"connecting to {self.address} was aborted")
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if deadline is not None and deadline - time.monotonic() < handshake_timeout:
-                handshake_timeout = max(deadline - time.monotonic(), 0.0)
-                handshake_limit = deadline_name
-
-            def expire() -> None:
-                expired.set()
-                self._shutdown_socket()
-
-            # Each read below has its own socket timeout; the watchdog bounds them all together.
-            watchdog = threading.Timer(handshake_timeout, expire)
-            watchdog.name = f"nsq-handshake-{self.address}"
-            watchdog.daemon = True
-            watchdog.start()
-            self._transport = Transport(sock)
-            self._transport.settimeout(max(handshake_timeout, 0.001))
-            self._handshake()
-            self._transport.set_timeouts(self._read_deadline(), cfg.write_timeout)
-            # TLS may need to send records while reading; the reader never writes.
-            self._transport.set_output_callback(lambda: self._queue.put(b""))
-            if self._abort.is_set():
-                raise ConnectionClosedError(f"connecting to {self.address} was aborted")
-            watchdog.cancel()
-            if expired.is_set():
-                raise NSQTimeoutError("expired")
+            opened = open_transport(
+                self.address,
+                self.host,
+                self.port,
+                self.config,
+                deadline,
+                deadline_name,
+                self._abort,
+                self._keep_socket,
+            )
         except BaseException as exc:
-            if watchdog is not None:
-                watchdog.cancel()
             self.close_reason = exc
             self._set_state(ConnectionState.CLOSED)
             self._closed_event.set()
-            if self._transport is not None:
-                self._transport.close()
-            elif sock is not None:
-                sock.close()
-            timed_out = isinstance(exc, TimeoutError) and not isinstance(exc, NSQError)
-            if expired.is_set() or timed_out:
-                timeout_exc = NSQTimeoutError(
-                    f"handshake with {self.address} timed out after {handshake_timeout:.2g}s"
-                    f" ({handshake_limit})"
-                )
-                self.close_reason = timeout_exc
-                raise timeout_exc from exc
             raise
-        finally:
-            if watchdog is not None:
-                watchdog.join()
+        self._transport = transport = opened.transport
+        self.identify_response = opened.identify_response
+        self.auth_response = opened.auth_response
+        self.extended = bool(self.config.extend_support)
+        transport.set_timeouts(self._read_deadline(), self.config.write_timeout)
+        # TLS may need to send records while reading; the reader never writes.
+        transport.set_output_callback(lambda: self._queue.put(b""))
         self._set_state(ConnectionState.CONNECTED)
         assert self._transport is not None
         self._caller_reads = self._caller_reads and self._transport.plain
@@ -335,6 +289,9 @@ class Connection:
         self._abort.set()
         self._shutdown_socket()
 
+    def _keep_socket(self, sock: socket.socket) -> None:
+        self._sock = sock
+
     def _shutdown_socket(self) -> None:
         sock = self._sock
         if sock is not None:
@@ -350,96 +307,6 @@ class Connection:
         if cfg.heartbeat_interval > 0:
             deadline = min(deadline, 2 * cfg.heartbeat_interval + min(cfg.heartbeat_interval, 5.0))
         return deadline
-
-    def _read_frame(self, frames: FrameReader) -> protocol.Frame:
-        """Read exactly one frame during the handshake, answering heartbeats."""
-        assert self._transport is not None
-        while True:
-            header = self._read_exact(4)
-            frames.feed(header)
-            size = int.from_bytes(header, "big")
-            got = frames.feed(self._read_exact(size))
-            frame = got[0]
-            if frame.type == protocol.FRAME_TYPE_RESPONSE and frame.data == protocol.HEARTBEAT:
-                self._transport.sendall(protocol.nop())
-                continue
-            return frame
-
-    def _read_exact(self, n: int) -> bytes:
-        assert self._transport is not None
-        chunks = []
-        while n:
-            data = self._transport.recv(n)
-            if not data:
-                raise ConnectionClosedError(
-                    f"{self.address} closed the connection during handshake"
-                )
-            chunks.append(data)
-            n -= len(data)
-        return b"".join(chunks)
-
-    def _expect_ok(self, frames: FrameReader, step: str) -> bytes:
-        frame = self._read_frame(frames)
-        if frame.type == protocol.FRAME_TYPE_ERROR:
-            raise error_from_frame(frame.data)
-        if frame.type != protocol.FRAME_TYPE_RESPONSE:
-            raise ProtocolError(f"{self.address} sent a message during {step}")
-        return frame.data
-
-    def _handshake(self) -> None:
-        from ._version import __version__
-
-        cfg = self.config
-        transport = self._transport
-        assert transport is not None
-        frames = FrameReader(cfg.max_frame_size, peer=self.address)
-        payload = identify_payload(cfg, __version__)
-        transport.sendall(protocol.MAGIC_V2 + protocol.identify(payload))
-        data = self._expect_ok(frames, "IDENTIFY")
-        if data == protocol.OK:
-            self.identify_response = {}
-        else:
-            try:
-                self.identify_response = json.loads(data)
-            except ValueError as exc:
-                raise ProtocolError(f"IDENTIFY reply is not JSON: {data[:100]!r}") from exc
-        resp = self.identify_response
-        self.extended = bool(cfg.extend_support)
-
-        if cfg.tls_v1:
-            if not resp.get("tls_v1"):
-                raise NSQError(f"TLS was requested but {self.address} does not offer it")
-            context = make_tls_context(
-                ca_file=cfg.tls_ca_file,
-                verify=cfg.tls_verify,
-                cert_file=cfg.tls_cert_file,
-                key_file=cfg.tls_key_file,
-            )
-            transport.upgrade_tls(context, cfg.tls_server_name or self.host, cfg.handshake_timeout)
-            self._expect_ok(frames, "TLS upgrade")
-        if cfg.snappy and resp.get("snappy"):
-            transport.upgrade_snappy()
-            self._expect_ok(frames, "snappy upgrade")
-        elif cfg.deflate and resp.get("deflate"):
-            transport.upgrade_deflate(int(resp.get("deflate_level", cfg.deflate_level)))
-            self._expect_ok(frames, "deflate upgrade")
-        elif (cfg.snappy or cfg.deflate) and not (resp.get("snappy") or resp.get("deflate")):
-            logger.warning("%s does not offer the requested compression", self.address)
-
-        if resp.get("auth_required"):
-            if cfg.auth_secret is None:
-                raise AuthRequiredError(
-                    f"{self.address} requires AUTH; pass auth_secret=... to authenticate"
-                )
-            transport.sendall(protocol.auth(cfg.auth_secret))
-            data = self._expect_ok(frames, "AUTH")
-            try:
-                self.auth_response = json.loads(data)
-            except ValueError as exc:
-                raise ProtocolError(f"AUTH reply is not JSON: {data[:100]!r}") from exc
-            logger.info("authenticated to %s as %s", self.address, self.auth_response)
-        elif cfg.auth_secret is not None:
-            logger.warning("auth_secret given but %s does not require AUTH", self.address)
 
     # ---------------------------------------------------------------- commands
 
@@ -726,14 +593,8 @@ class Connection:
                         reason = ConnectionClosedError(f"{self.address} closed the connection")
                     break
                 self._process(data)
-        except TimeoutError:
-            reason = self._silence_error()
-        except (OSError, NSQError, ValueError) as exc:
-            if self.state is not ConnectionState.CLOSING:
-                reason = exc
-        except Exception as exc:  # a delegate bug must not leave futures hanging
-            logger.exception("unexpected error on the reader of %s", self.address)
-            reason = exc
+        except Exception as exc:
+            reason = self._read_failure(exc)
         finally:
             self._finish_close(self._close_reason(reason))
 
@@ -765,17 +626,22 @@ class Connection:
                         break
                     self._last_read = time.monotonic()
                     self._process(data)
-        except TimeoutError:
-            reason = self._silence_error()
-        except (OSError, NSQError, ValueError) as exc:
-            if self.state is not ConnectionState.CLOSING:
-                reason = exc
-        except Exception as exc:  # a delegate bug must not leave futures hanging
-            logger.exception("unexpected error on the reader of %s", self.address)
-            reason = exc
+        except Exception as exc:
+            reason = self._read_failure(exc)
         finally:
             self._finish_close(self._close_reason(reason))
             poller.close()
+
+    def _read_failure(self, exc: Exception) -> BaseException | None:
+        """Why a reader loop ended on ``exc``: silence past the read deadline, the stream
+        failing (unless we were closing it), or a bug (logged: a delegate's bug must not leave
+        futures hanging)."""
+        if isinstance(exc, TimeoutError):
+            return self._silence_error()
+        if isinstance(exc, OSError | NSQError | ValueError):
+            return exc if self.state is not ConnectionState.CLOSING else None
+        logger.exception("unexpected error on the reader of %s", self.address)
+        return exc
 
     def _close_reason(self, seen: BaseException | None) -> BaseException | None:
         """Why the stream ended: what nsqd said beats a failed write, which beats what the
