@@ -39,6 +39,7 @@ from .checks import check_float
 from .config import Config, check_owner
 from .conn import AnyFuture, Connection, RequestFuture, Waiter
 from .deadlines import DeadlineKeeper
+from .endpoint import CUMULATIVE, Endpoint
 from .errors import (
     ConnectionClosedError,
     NSQError,
@@ -50,7 +51,6 @@ from .observe import ObserverSet, PublishEvent, tell
 from .partitions import key_bytes
 from .router import Router
 from .routing import PublishResult, RoutedPublishing
-from .slot import _CUMULATIVE, _Slot
 from .undelivered import Ledger, undelivered_error
 
 __all__ = ["Producer", "PublishResult"]
@@ -113,7 +113,7 @@ class Producer(RoutedPublishing):
             raise ValueError("Producer needs nsqd_tcp_addresses or lookupd_http_addresses")
         check_owner(options, "Producer")
         self.config = Config(**options)
-        self._slots = [_Slot(a) for a in addresses]
+        self._slots = [Endpoint(a) for a in addresses]
         #: every slot by address: the given ones and those lookup named
         self._pool = {s.address: s for s in self._slots}
         self._pool_lock = threading.Lock()
@@ -566,7 +566,7 @@ class Producer(RoutedPublishing):
         and ``connection`` (the current connection's own figures, or None).
         """
         entries = []
-        totals = dict.fromkeys((*_CUMULATIVE, "connects"), 0)
+        totals = dict.fromkeys((*CUMULATIVE, "connects"), 0)
         for slot in list(self._pool.values()):
             conn = slot.conn
             counters = slot.counters()
@@ -603,7 +603,7 @@ class Producer(RoutedPublishing):
         self,
         command: bytes,
         timeout: float | None,
-        slots: list[_Slot] | None = None,
+        slots: list[Endpoint] | None = None,
         deadline: float | None = None,
         event: PublishEvent | None = None,
     ) -> bytes:
@@ -648,7 +648,7 @@ class Producer(RoutedPublishing):
         command: bytes,
         deadline: float | None,
         make_future: Callable[[], AnyFuture],
-        slots: list[_Slot] | None = None,
+        slots: list[Endpoint] | None = None,
     ) -> AnyFuture:
         """Write ``command`` on a connection of ``slots`` (default: the given addresses, round
         robin), connecting (until ``deadline``) where needed; ConnectionClosedError when no
@@ -657,7 +657,7 @@ class Producer(RoutedPublishing):
         assert future is not None  # with connect=True it returns a future or raises
         return future
 
-    def _submit_live(self, command: bytes, slots: list[_Slot] | None = None) -> Future | None:
+    def _submit_live(self, command: bytes, slots: list[Endpoint] | None = None) -> Future | None:
         """:meth:`_submit` on connections already made, never blocking: None when none is
         ready.  When one is, the addresses not connected are connected in the background."""
         return self._submit_to(command, None, RequestFuture, slots, False)
@@ -667,7 +667,7 @@ class Producer(RoutedPublishing):
         command: bytes,
         deadline: float | None,
         make_future: Callable[[], AnyFuture],
-        slots: list[_Slot] | None,
+        slots: list[Endpoint] | None,
         connect: bool,
     ) -> AnyFuture | None:
         if self._closed:
@@ -675,7 +675,7 @@ class Producer(RoutedPublishing):
         errors = []
         #: addresses passed over: not connected yet (connect=False), or unreachable (made only
         #: when there is one: this is every publish's path)
-        passed: list[_Slot] | None = None
+        passed: list[Endpoint] | None = None
         count = protocol.published_count(command)
         if slots is None:
             slots = self._slots
@@ -733,7 +733,7 @@ class Producer(RoutedPublishing):
             "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
         )
 
-    def _warm(self, slot: _Slot) -> None:
+    def _warm(self, slot: Endpoint) -> None:
         """Connect ``slot`` on a thread of its own (for pub_async, which never connects on the
         caller's thread), unless it waits out a reconnect delay or is being connected."""
         if slot.warming or slot.lock.locked() or slot.down_until > time.monotonic():
@@ -780,7 +780,7 @@ class Producer(RoutedPublishing):
         return outer
 
     def _submit_backlogged(
-        self, command: bytes, deadline: float, slots: list[_Slot] | None
+        self, command: bytes, deadline: float, slots: list[Endpoint] | None
     ) -> Future:
         """:meth:`_submit` for a publish from the backlog: when every address is waiting out
         its reconnect delay after a failure, fail at once with that failure rather than try
@@ -810,7 +810,9 @@ class Producer(RoutedPublishing):
                 maybe_processed=False,
             ) from exc
 
-    def _submit_until(self, command: bytes, deadline: float, slots: list[_Slot] | None) -> Future:
+    def _submit_until(
+        self, command: bytes, deadline: float, slots: list[Endpoint] | None
+    ) -> Future:
         """:meth:`_submit` connecting until ``deadline`` (a ``time.monotonic()``)."""
         future = self._submit(command, deadline, RequestFuture, slots)
         self._deadlines.ensure()
@@ -895,18 +897,18 @@ class Producer(RoutedPublishing):
                     conn.expire_request(inner)  # outer follows through its chain
         return bool(outers)
 
-    def _slot(self, address: str) -> _Slot:
+    def _slot(self, address: str) -> Endpoint:
         slot = self._pool.get(address)
         if slot is None:
             with self._pool_lock:
-                slot = self._pool.setdefault(address, _Slot(address))
+                slot = self._pool.setdefault(address, Endpoint(address))
         return slot
 
     def _forget_routed(self, future: Future) -> None:
         with self._routed_lock:
             self._routed.discard(future)
 
-    def _connection(self, slot: _Slot, deadline: float | None = None) -> Connection | None:
+    def _connection(self, slot: Endpoint, deadline: float | None = None) -> Connection | None:
         # (A forked child gets fresh slots from the at-fork hook, before it can get here.)
         conn = slot.conn
         if conn is not None and conn.is_connected:
@@ -922,7 +924,7 @@ class Producer(RoutedPublishing):
         finally:
             slot.lock.release()
 
-    def _connect_locked(self, slot: _Slot, deadline: float | None) -> Connection | None:
+    def _connect_locked(self, slot: Endpoint, deadline: float | None) -> Connection | None:
         conn = slot.conn
         if conn is not None and conn.is_connected:
             return conn
@@ -959,7 +961,7 @@ class Producer(RoutedPublishing):
         slot.conn = conn
         return conn
 
-    def _connect_failed(self, slot: _Slot, exc: BaseException) -> None:
+    def _connect_failed(self, slot: Endpoint, exc: BaseException) -> None:
         """Record a failed connection attempt; log it once per outage (DEBUG afterwards)."""
         slot.failures += 1
         slot.last_error = exc
@@ -987,7 +989,7 @@ class Producer(RoutedPublishing):
         if os.getpid() == self._pid:
             return
         self._pid = os.getpid()
-        self._slots = [_Slot(s.address) for s in self._slots]
+        self._slots = [Endpoint(s.address) for s in self._slots]
         self._pool = {s.address: s for s in self._slots}
         self._pool_lock = threading.Lock()
         self._routed_lock = threading.Lock()
@@ -1020,7 +1022,7 @@ def _discard(future: Future | Waiter) -> None:
         future.observed = True
 
 
-def _passing(passed: list[_Slot] | None, slot: _Slot) -> list[_Slot]:
+def _passing(passed: list[Endpoint] | None, slot: Endpoint) -> list[Endpoint]:
     """``passed`` with ``slot`` added (the list made on the first one)."""
     if passed is None:
         return [slot]
@@ -1028,7 +1030,7 @@ def _passing(passed: list[_Slot] | None, slot: _Slot) -> list[_Slot]:
     return passed
 
 
-def _warn_failover(slot: _Slot, used: str) -> None:
+def _warn_failover(slot: Endpoint, used: str) -> None:
     """Once per outage, at WARNING: publishes meant for ``slot`` succeed elsewhere, so no
     caller hears of its outage."""
     if not slot.warned:

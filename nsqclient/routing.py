@@ -41,7 +41,7 @@ from .router import Router
 
 if TYPE_CHECKING:
     from .backlog import Backlog
-    from .slot import _Slot
+    from .endpoint import Endpoint
 
 __all__ = ["PublishResult", "RoutedPublishing", "TRACE_ID_KEY"]
 
@@ -92,7 +92,7 @@ class RoutedPublishing:
     _submit_live: Callable[..., Future | None]
     _submit_backlogged: Callable[..., Future]
     _submit_until: Callable[..., Future]
-    _slot: Callable[[str], _Slot]
+    _slot: Callable[[str], Endpoint]
     _tracked_future: Callable[[float], Future]
     _may_send: Callable[[Future], bool]
     _settle: Callable[..., None]
@@ -198,7 +198,7 @@ class RoutedPublishing:
 
     def _target(
         self, topic: str, partition: int | None, key: bytes | str | int | None
-    ) -> tuple[int | None, list[_Slot] | None]:
+    ) -> tuple[int | None, list[Endpoint] | None]:
         """The partition and the slots (in order of preference) of one publish."""
         if self._router is None:
             if key is not None:
@@ -379,7 +379,7 @@ class RoutedPublishing:
             address: str,
             retries: int,
             command: bytes,
-            slots: list[_Slot] | None,
+            slots: list[Endpoint] | None,
             attempted_at: float,
         ) -> None:
             # where this attempt went, for whoever reads the Future (the last attempt's)
@@ -429,7 +429,7 @@ class RoutedPublishing:
             raise
         return outer
 
-    def _after_refusal(self, command: bytes, slots: list[_Slot] | None) -> None:
+    def _after_refusal(self, command: bytes, slots: list[Endpoint] | None) -> None:
         """youzan's nsqd answers an MPUB_EXT it refuses before reading all of it: what it
         left unread would be taken for commands, so that connection is done for."""
         if not command.startswith(b"MPUB_EXT ") or not slots:

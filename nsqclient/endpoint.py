@@ -7,13 +7,13 @@ import threading
 
 from .conn import Connection
 
-__all__ = ["_Slot", "_CUMULATIVE"]
+__all__ = ["Endpoint", "CUMULATIVE"]
 
-#: Counters summed over every connection a slot has had (see Producer.stats).
-_CUMULATIVE = ("messages_sent", "bytes_in", "bytes_out")
+#: Counters summed over every connection an endpoint has had (see Producer.stats).
+CUMULATIVE = ("messages_sent", "bytes_in", "bytes_out")
 
 
-class _Slot:
+class Endpoint:
     """One nsqd address of the pool and its (lazily made) connection."""
 
     __slots__ = (
@@ -46,8 +46,8 @@ class _Slot:
         self.skipped = 0
         #: connections made to this address
         self.connects = 0
-        #: _CUMULATIVE counters of the connections this slot had before the current one
-        self.totals = dict.fromkeys(_CUMULATIVE, 0)
+        #: CUMULATIVE counters of the connections this endpoint had before the current one
+        self.totals = dict.fromkeys(CUMULATIVE, 0)
         #: a thread is connecting it for pub_async (see Producer._warm)
         self.warming = False
         #: the current outage was logged at WARNING (publishes failed over to other addresses)
@@ -72,14 +72,14 @@ class _Slot:
     def retire(self, conn: Connection) -> None:
         """Fold a connection that is being replaced or closed into the slot's totals."""
         stats = conn.stats()
-        for key in _CUMULATIVE:
+        for key in CUMULATIVE:
             self.totals[key] += stats[key]
 
     def counters(self) -> dict[str, int]:
-        """The _CUMULATIVE counters over every connection this slot has had."""
+        """The CUMULATIVE counters over every connection this slot has had."""
         out = dict(self.totals)
         if self.conn is not None:
             stats = self.conn.stats()
-            for key in _CUMULATIVE:
+            for key in CUMULATIVE:
                 out[key] += stats[key]
         return out
