@@ -48,6 +48,7 @@ from .errors import (
     error_from_frame,
 )
 from .handshake import open_transport
+from .pending import Pending, expired_error
 from .protocol import DecodedMessage, FrameReader
 from .transport import Transport
 
@@ -144,21 +145,11 @@ class Connection:
         self.pid = os.getpid()
         self._transport: Transport | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: list[Future | Waiter] = []  # used as a FIFO; popped from the front
-        self._pending_head = 0
+        #: requests awaiting nsqd's answer, oldest first (guarded by _lock)
+        self._pending = Pending()
         self._lock = threading.Lock()
         # Held by whoever writes the socket: the writer thread or a caller writing directly.
         self._send_lock = threading.Lock()
-        # Requests queued for the writer and not written yet (under _lock): while there are
-        # any, a new request queues behind them, so that answers keep the order of _pending.
-        self._unsent_requests = 0
-        # Requests expired by expire_before() before they were written (under _lock): taken
-        # out of _pending and the count above; the writer drops them instead of writing them.
-        self._dropped: set[Future] = set()
-        #: the place of _pending[0] among every request this connection sent (see request_mark)
-        self._base = 0
-        #: expire_before() has looked at every request before this place
-        self._expired_upto = 0
         #: called with a RequestFuture that failed with nobody looking (a Producer's ledger)
         self.on_request_failed: Callable[[RequestFuture], None] | None = None
         self._closed_event = threading.Event()
@@ -342,8 +333,9 @@ class Connection:
             future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
         with self._lock:
             closed = self.state is not ConnectionState.CONNECTED or self._fatal_error is not None
+            pending = self._pending
             if not closed:
-                self._pending.append(future)
+                pending.items.append(future)
                 self.messages_sent += messages
             # Every earlier request written and no one writing: write it here rather than wake
             # the writer, when the caller is about to block on the answer anyway (a Waiter) or
@@ -353,12 +345,12 @@ class Connection:
             # answer and need no order relative to it.
             direct = (
                 not closed
-                and not self._unsent_requests
-                and (type(future) is Waiter or len(self._pending) - self._pending_head == 1)
+                and not pending.unsent
+                and (type(future) is Waiter or len(pending.items) - pending.head == 1)
                 and self._send_lock.acquire(blocking=False)
             )
             if not direct and not closed:
-                self._unsent_requests += 1
+                pending.unsent += 1
                 self._queue.put((command, future))
         if closed:
             self._fail_request(
@@ -384,21 +376,18 @@ class Connection:
     def pending_count(self) -> int:
         """Requests sent and not answered yet."""
         with self._lock:
-            return len(self._pending) - self._pending_head
+            return self._pending.count()
 
     def pending_requests(self) -> list[Future | Waiter]:
         """The futures of the requests sent and not answered yet, oldest first."""
         with self._lock:
-            return self._pending[self._pending_head :]
+            return self._pending.waiting()
 
     def _answer_oks(self, count: int) -> None:
         """``count`` OK responses at once: the oldest ``count`` pending requests get ``b"OK"``
         (one lock round for all, where :meth:`_dispatch` takes one each)."""
         with self._lock:
-            head = self._pending_head
-            futures = self._pending[head : head + count]
-            self._pending_head = head + len(futures)
-            self._drop_answered()
+            futures = self._pending.take(count)
         ok = protocol.OK
         for future in futures:
             if not future.done():
@@ -409,21 +398,7 @@ class Connection:
 
     def _pop_pending(self) -> Future | Waiter | None:
         with self._lock:
-            if self._pending_head >= len(self._pending):
-                return None
-            future = self._pending[self._pending_head]
-            self._pending_head += 1
-            self._drop_answered()
-            return future
-
-    def _drop_answered(self) -> None:
-        """Cut the answered requests off the front of ``_pending`` once they are over 1024
-        and most of the list (``_lock`` held)."""
-        head = self._pending_head
-        if head > 1024 and head * 2 > len(self._pending):
-            del self._pending[:head]
-            self._pending_head = 0
-            self._base += head
+            return self._pending.pop()
 
     # ---------------------------------------------------------------- threads
 
@@ -467,97 +442,39 @@ class Connection:
                     if requests:
                         # Written from here on, as far as expire_before() is concerned.
                         with self._lock:
-                            if self._dropped:
-                                chunks = self._without_dropped(chunks, requests)
-                            self._unsent_requests -= len(requests)
+                            pending = self._pending
+                            if pending.dropped:
+                                chunks = pending.without_dropped(chunks, requests)
+                            pending.unsent -= len(requests)
                         if not chunks:
                             continue
                     transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
 
-    def _without_dropped(self, chunks: list[bytes], requests: list[tuple[int, Any]]) -> list[bytes]:
-        """``chunks`` without the requests expire_before() dropped (``_lock`` held); those
-        are taken off ``requests`` too (they were already taken off ``_unsent_requests``)."""
-        skip = set()
-        for i, future in list(requests):
-            if future in self._dropped:
-                self._dropped.discard(future)
-                skip.add(i)
-                requests.remove((i, future))
-        return [c for i, c in enumerate(chunks) if i not in skip]
-
     def request_mark(self) -> int:
         """A mark for "every request sent so far": pass it later to :meth:`expire_before`."""
         with self._lock:
-            return self._base + len(self._pending)
+            return self._pending.mark()
 
     def expire_before(self, mark: int) -> int:
         """Fail with NSQTimeoutError every request sent before ``mark`` (from
-        :meth:`request_mark`) that is still unanswered, but a blocking caller's
-        :class:`Waiter` (its caller keeps its own time); return how many.
-
-        A request already written stays where it is (nsqd's late answer goes to it and is
-        dropped): ``maybe_processed`` True.  One still queued for the writer is taken out and
-        never written: ``maybe_processed`` False."""
-        expired: list[tuple[Any, bool]] = []
+        :meth:`request_mark`) and still unanswered, but a blocking caller's :class:`Waiter`;
+        return how many.  A written one keeps its place (nsqd's late answer is dropped):
+        ``maybe_processed`` True; one still queued is never written: False."""
         with self._lock:
-            pending = self._pending
-            end = min(mark - self._base, len(pending))
-            start = max(self._pending_head, self._expired_upto - self._base)
-            if end <= start:
-                return 0
-            written_end = len(pending) - self._unsent_requests
-            for i in range(start, end):
-                future = pending[i]
-                if type(future) is not Waiter and not future.done():
-                    expired.append((future, i < written_end))
-            self._expired_upto = self._base + end
-            unsent = {future for future, written in expired if not written}
-            if unsent:
-                # Never to be written: out of _pending (the writer drops them), keeping every
-                # later request's place (self._base + its index) as it was.
-                kept = [f for f in pending[written_end:end] if f not in unsent]
-                pending[written_end:end] = kept
-                self._base += len(unsent)
-                self._unsent_requests -= len(unsent)
-                self._dropped |= unsent
+            expired = self._pending.expire_before(mark)
         for future, written in expired:
-            self._fail_request(future, self._timeout_error(written))
+            self._fail_request(future, expired_error(self.address, written))
         return len(expired)
 
     def expire_request(self, future: Future | Waiter) -> bool:
-        """Fail one request now with NSQTimeoutError, as :meth:`expire_before` would (an unsent
-        one is never written); False when it is answered already or not pending here."""
+        """:meth:`expire_before` for one request, now; False when it is not pending here."""
         with self._lock:
-            pending = self._pending
-            try:
-                i = pending.index(future, self._pending_head)
-            except ValueError:
-                return False
-            if future.done():
-                return False
-            written = i < len(pending) - self._unsent_requests
-            if not written:
-                del pending[i]
-                self._base += 1  # the later requests keep their places
-                self._unsent_requests -= 1
-                self._dropped.add(future)  # type: ignore[arg-type]
-        self._fail_request(future, self._timeout_error(written))
-        return True
-
-    def _timeout_error(self, written: bool) -> NSQTimeoutError:
-        if written:
-            return NSQTimeoutError(
-                f"no answer from {self.address} within the publish's timeout; it may or may"
-                " not be stored (the connection is kept: nsqd may just be slow)",
-                maybe_processed=True,
-            )
-        return NSQTimeoutError(
-            f"not written to {self.address} within the publish's timeout (earlier writes were"
-            " not taken); nothing was sent",
-            maybe_processed=False,
-        )
+            written = self._pending.expire(future)
+        if written is not None:
+            self._fail_request(future, expired_error(self.address, written))
+        return written is not None
 
     def _fail_request(self, future: Future | Waiter, error: BaseException) -> None:
         """Fail a request's future (unless answered meanwhile) and tell ``on_request_failed``
@@ -784,10 +701,7 @@ class Connection:
         with self._lock:
             old = self.state
             self.state = ConnectionState.CLOSED
-            pending = self._pending[self._pending_head :]
-            self._base += len(self._pending)
-            self._pending = []
-            self._pending_head = 0
+            pending = self._pending.clear()
         if old is ConnectionState.CLOSED:
             return
         if reason is not None and self.close_reason is None:
@@ -834,7 +748,7 @@ class Connection:
             closing = self.state is ConnectionState.CONNECTED
             if closing:
                 self.state = ConnectionState.CLOSING
-            pending = self._pending[self._pending_head :]
+            pending = self._pending.waiting()
         if closing:
             self._report_state(ConnectionState.CONNECTED, ConnectionState.CLOSING)
         for future in pending:

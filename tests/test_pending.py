@@ -1,0 +1,76 @@
+"""nsqclient.pending: a connection's FIFO of requests awaiting answers, without sockets."""
+
+from __future__ import annotations
+
+from nsqclient.answers import RequestFuture, Waiter
+from nsqclient.pending import Pending, expired_error
+
+
+def filled(written: int, unsent: int) -> tuple[Pending, list[RequestFuture]]:
+    pending = Pending()
+    futures = [RequestFuture() for _ in range(written + unsent)]
+    pending.items.extend(futures)
+    pending.unsent = unsent
+    return pending, futures
+
+
+def test_answers_go_to_the_oldest_and_the_front_is_cut_keeping_places():
+    pending, futures = filled(3000, 0)
+    assert pending.pop() is futures[0]
+    assert pending.take(2000) == futures[1:2001]
+    assert pending.count() == 999
+    assert pending.head == 0 and pending.base == 2001  # cut: places kept
+    assert pending.mark() == 3000
+    assert pending.waiting() == futures[2001:]
+
+
+def test_expire_before_takes_only_what_a_mark_covers_once():
+    pending, futures = filled(5, 0)
+    mark = pending.mark()
+    later = RequestFuture()
+    pending.items.append(later)
+    expired = pending.expire_before(mark)
+    assert [f for f, _ in expired] == futures
+    assert all(written for _, written in expired)
+    assert pending.expire_before(mark) == []  # looked at already
+    assert pending.items[-1] is later and not pending.dropped
+
+
+def test_unsent_requests_expired_are_dropped_and_later_ones_keep_their_places():
+    pending, futures = filled(2, 3)  # 2 written, 3 queued for the writer
+    mark = pending.mark()
+    newer = [RequestFuture() for _ in range(2)]
+    pending.items.extend(newer)
+    pending.unsent += 2
+    newer_mark = pending.mark()
+    expired = pending.expire_before(mark)
+    assert [(f, w) for f, w in expired] == [(f, i < 2) for i, f in enumerate(futures)]
+    assert pending.dropped == set(futures[2:])
+    assert pending.unsent == 2 and pending.items[-2:] == newer
+    # the newer requests' places did not move: a later mark still covers exactly them
+    assert [f for f, _ in pending.expire_before(newer_mark)] == newer
+
+
+def test_a_blocking_callers_waiter_keeps_its_own_time():
+    pending = Pending()
+    waiter, future = Waiter(), RequestFuture()
+    pending.items.extend([waiter, future])
+    assert pending.expire_before(pending.mark()) == [(future, True)]
+
+
+def test_expire_one_and_the_writer_drops_what_was_expired_unsent():
+    pending, futures = filled(1, 2)
+    assert pending.expire(futures[0]) is True  # written: stays for nsqd's late answer
+    assert pending.expire(futures[2]) is False  # unsent: out, never written
+    assert pending.expire(RequestFuture()) is None
+    assert futures[2] not in pending.items and pending.unsent == 1
+    chunks = [b"A", b"FIN x\n", b"B"]
+    requests = [(0, futures[1]), (2, futures[2])]
+    assert pending.without_dropped(chunks, requests) == [b"A", b"FIN x\n"]
+    assert requests == [(0, futures[1])] and not pending.dropped
+
+
+def test_expired_errors_say_whether_anything_was_sent():
+    assert expired_error("a:1", True).maybe_processed
+    error = expired_error("a:1", False)
+    assert not error.maybe_processed and "nothing was sent" in str(error)
