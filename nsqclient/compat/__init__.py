@@ -83,14 +83,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import protocol
-from .addresses import lookupd_addresses, nsqd_addresses
-from .checks import check_float, check_int
-from .config import OPTIONS
-from .conn import parse_address
-from .consumer import Consumer
-from .errors import ConnectionClosedError, NSQError, ProtocolError
-from .legacy import (
+from .. import protocol
+from ..addresses import lookupd_addresses, nsqd_addresses
+from ..checks import check_float, check_int
+from ..config import OPTIONS
+from ..conn import parse_address
+from ..consumer import Consumer
+from ..errors import ConnectionClosedError, NSQError, ProtocolError
+from ..legacy import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
@@ -109,9 +109,9 @@ from .legacy import (
     valid_channel_name,
     valid_topic_name,
 )
-from .message import Message, RequeueMessage
-from .producer import Producer
-from .tornado_bridge import LoopBridge, LoopStopped, current_ioloop, tornado_in_use
+from ..message import Message, RequeueMessage
+from ..producer import Producer
+from ..tornado_bridge import LoopBridge, LoopStopped, current_ioloop, tornado_in_use
 
 __all__ = [
     "Reader",
