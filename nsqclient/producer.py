@@ -34,7 +34,6 @@ from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
 from .answers import failure_of, wait_answered
 from .backlog import Backlog
-from .backoff import reconnect_delay
 from .checks import check_float
 from .config import Config, check_owner
 from .conn import AnyFuture, Connection, RequestFuture, Waiter
@@ -113,7 +112,11 @@ class Producer(RoutedPublishing):
             raise ValueError("Producer needs nsqd_tcp_addresses or lookupd_http_addresses")
         check_owner(options, "Producer")
         self.config = Config(**options)
-        self._slots = [Endpoint(a) for a in addresses]
+        self._closed = False
+        #: pub_async Futures that failed with nobody looking (flush() and close() report them)
+        self._ledger = Ledger()
+        #: the endpoints of the given addresses, in order
+        self._slots = [self._endpoint(a) for a in addresses]
         #: every slot by address: the given ones and those lookup named
         self._pool = {s.address: s for s in self._slots}
         self._pool_lock = threading.Lock()
@@ -128,8 +131,6 @@ class Producer(RoutedPublishing):
         self._routed_lock = threading.Lock()
         #: pub_async work that may block (connecting, lookups), run in order on one thread
         self._backlog = Backlog(addresses[0] if addresses else "lookup")
-        #: pub_async Futures that failed with nobody looking (flush() and close() report them)
-        self._ledger = Ledger()
         self._pub_timeout = self.config.pub_timeout
         #: taken by a backlogged publish before it is sent, and by its expiry (see _may_send)
         self._send_gate = threading.RLock()
@@ -139,7 +140,6 @@ class Producer(RoutedPublishing):
         self._rr = itertools.count()
         #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
         self._pub_lines: dict[str, bytes] = {}
-        self._closed = False
         self._pid = os.getpid()
         _producers.add(self)
         self._observers = ObserverSet(self)
@@ -485,13 +485,8 @@ class Producer(RoutedPublishing):
         self._backlog.wait_empty(deadline - time.monotonic())
         self._closed = True
         unanswered = self._wait_answered(deadline)
-        for slot in list(self._pool.values()):
-            with slot.lock:
-                conn, slot.conn = slot.conn, None
-                if conn is not None:
-                    slot.retire(conn)
-            if conn is not None and conn.pid == os.getpid():
-                conn.close(max(deadline - time.monotonic(), 0.0))
+        for endpoint in list(self._pool.values()):
+            endpoint.close(deadline - time.monotonic())
         self._deadlines.stop()
         self._observers.close()
         return unanswered
@@ -513,9 +508,9 @@ class Producer(RoutedPublishing):
         :func:`~nsqclient.answers.wait_answered`)."""
         with self._routed_lock:
             pending: list[Future | Waiter] = list(self._routed)
-        for slot in list(self._pool.values()):
-            conn = slot.conn
-            if conn is not None and conn.pid == os.getpid():
+        for endpoint in list(self._pool.values()):
+            conn = endpoint.ours()
+            if conn is not None:
                 pending.extend(conn.pending_requests())
         unanswered = []
         for future in pending:
@@ -544,11 +539,10 @@ class Producer(RoutedPublishing):
 
     def _live_connections(self) -> list[Connection]:
         """The connections of this process, for the deadline keeper."""
-        pid = os.getpid()
         conns = []
-        for slot in list(self._pool.values()):
-            conn = slot.conn
-            if conn is not None and conn.pid == pid and not conn.is_closed:
+        for endpoint in list(self._pool.values()):
+            conn = endpoint.ours()
+            if conn is not None and not conn.is_closed:
                 conns.append(conn)
         return conns
 
@@ -565,24 +559,8 @@ class Producer(RoutedPublishing):
         ``connected``, ``failures`` (consecutive failed connection attempts), ``last_error``
         and ``connection`` (the current connection's own figures, or None).
         """
-        entries = []
-        totals = dict.fromkeys((*CUMULATIVE, "connects"), 0)
-        for slot in list(self._pool.values()):
-            conn = slot.conn
-            counters = slot.counters()
-            counters["connects"] = slot.connects
-            for key, value in counters.items():
-                totals[key] += value
-            entries.append(
-                {
-                    "address": slot.address,
-                    "connected": bool(conn and conn.is_connected),
-                    "failures": slot.failures,
-                    "last_error": repr(slot.last_error) if slot.last_error else None,
-                    **counters,
-                    "connection": conn.stats() if conn is not None else None,
-                }
-            )
+        entries = [endpoint.stats() for endpoint in list(self._pool.values())]
+        totals = {key: sum(e[key] for e in entries) for key in (*CUMULATIVE, "connects")}
         return {**totals, "nsqd": entries}
 
     # ---------------------------------------------------------------- internals
@@ -684,9 +662,9 @@ class Producer(RoutedPublishing):
             start = next(self._rr) % n
             slots = slots[start:] + slots[:start]
             now = time.monotonic()
-            if any(s.down_until > now for s in slots):
+            if any(s.waiting(now) for s in slots):
                 # Healthy addresses first, then those waiting out a reconnect delay.
-                slots.sort(key=lambda s: s.down_until > now)
+                slots.sort(key=lambda s: s.waiting(now))
         for slot in slots:
             if not connect:
                 conn = slot.live()
@@ -694,7 +672,7 @@ class Producer(RoutedPublishing):
                     passed = _passing(passed, slot)
                     continue
             else:
-                conn = self._connection(slot, deadline)
+                conn = slot.connection(deadline)
             if conn is None:
                 slot.skipped += 1
                 errors.append(f"{slot.address}: {slot.last_error}")
@@ -710,7 +688,7 @@ class Producer(RoutedPublishing):
                 # One fresh connection to the same nsqd, then the next address.
                 if isinstance(future, Waiter):
                     conn.read_until(future, 0.0)  # gives back a reading it claimed
-                conn = self._connection(slot, deadline)
+                conn = slot.connection(deadline)
                 if conn is not None:
                     future = conn.request(command, make_future(), count)
                 if conn is None or _not_processed(future):
@@ -723,32 +701,15 @@ class Producer(RoutedPublishing):
                 future.conn = conn
             for other in passed or ():
                 if connect:
-                    _warn_failover(other, slot.address)
+                    other.warn_failover(slot.address)
                 else:
-                    self._warm(other)
+                    other.warm()
             return future
         if not connect:
             return None
         raise ConnectionClosedError(
             "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
         )
-
-    def _warm(self, slot: Endpoint) -> None:
-        """Connect ``slot`` on a thread of its own (for pub_async, which never connects on the
-        caller's thread), unless it waits out a reconnect delay or is being connected."""
-        if slot.warming or slot.lock.locked() or slot.down_until > time.monotonic():
-            return
-        slot.warming = True
-
-        def connect() -> None:
-            try:
-                self._connection(slot, time.monotonic() + self.config.handshake_timeout)
-            except NSQError:
-                pass  # closed meanwhile
-            finally:
-                slot.warming = False
-
-        threading.Thread(target=connect, name=f"nsq-connect-{slot.address}", daemon=True).start()
 
     def _submit_async(self, command: bytes) -> Future:
         """A classic asynchronous publish: written at once on a ready connection, or handed
@@ -787,7 +748,7 @@ class Producer(RoutedPublishing):
         again for every publish queued behind the one that found it down."""
         candidates = self._slots if slots is None else slots
         now = time.monotonic()
-        if candidates and all(s.live() is None and s.down_until > now for s in candidates):
+        if candidates and all(s.live() is None and s.waiting(now) for s in candidates):
             for slot in candidates:
                 slot.skipped += 1
             raise ConnectionClosedError(
@@ -901,87 +862,16 @@ class Producer(RoutedPublishing):
         slot = self._pool.get(address)
         if slot is None:
             with self._pool_lock:
-                slot = self._pool.setdefault(address, Endpoint(address))
+                slot = self._pool.setdefault(address, self._endpoint(address))
         return slot
 
     def _forget_routed(self, future: Future) -> None:
         with self._routed_lock:
             self._routed.discard(future)
 
-    def _connection(self, slot: Endpoint, deadline: float | None = None) -> Connection | None:
-        # (A forked child gets fresh slots from the at-fork hook, before it can get here.)
-        conn = slot.conn
-        if conn is not None and conn.is_connected:
-            return conn
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if not slot.lock.acquire(timeout=-1 if remaining is None else max(remaining, 0.0)):
-            slot.last_error = NSQTimeoutError(
-                f"timed out waiting to connect to {slot.address}", maybe_processed=False
-            )
-            return None
-        try:
-            return self._connect_locked(slot, deadline)
-        finally:
-            slot.lock.release()
-
-    def _connect_locked(self, slot: Endpoint, deadline: float | None) -> Connection | None:
-        conn = slot.conn
-        if conn is not None and conn.is_connected:
-            return conn
-        if self._closed:
-            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        if conn is not None:
-            slot.retire(conn)
-            slot.conn = None
-            if not conn.is_closed and conn.pid == os.getpid():
-                # nsqd sent an error it usually closes after, but kept the connection open
-                # (youzan does after some errors): close it rather than leak its threads.
-                conn.close(0.0)
-        conn = Connection(slot.address, self.config, caller_reads=True)
-        conn.on_request_failed = self._ledger.note
-        try:
-            conn.connect(deadline, "the publish's timeout: pub_timeout, or timeout=")
-        except (OSError, NSQError) as exc:
-            self._connect_failed(slot, exc)
-            return None
-        if slot.down_since is not None:
-            logger.log(
-                logging.WARNING if slot.warned else logging.INFO,
-                "nsqd %s is reachable again after %.1fs; %d publishes could not use it meanwhile",
-                slot.address,
-                time.monotonic() - slot.down_since,
-                slot.skipped,
-            )
-            slot.warned = False
-        slot.failures = 0
-        slot.down_until = 0.0
-        slot.down_since = None
-        slot.skipped = 0
-        slot.connects += 1
-        slot.conn = conn
-        return conn
-
-    def _connect_failed(self, slot: Endpoint, exc: BaseException) -> None:
-        """Record a failed connection attempt; log it once per outage (DEBUG afterwards)."""
-        slot.failures += 1
-        slot.last_error = exc
-        slot.failed_at = time.monotonic()
-        delay = reconnect_delay(
-            slot.failures, self.config.reconnect_interval, self.config.max_reconnect_interval
-        )
-        slot.down_until = time.monotonic() + delay
-        if slot.down_since is None:
-            slot.down_since = time.monotonic()
-            # INFO: a publish that finds no other nsqd raises this error to its caller (see
-            # _warn_failover for the outage nobody is told of).
-            logger.info(
-                "cannot connect to nsqd %s: %s (said once per outage; publishes to it fail"
-                " over or raise until it is back)",
-                slot.address,
-                exc,
-            )
-        else:
-            logger.debug("still cannot connect to nsqd %s: %s", slot.address, exc)
+    def _endpoint(self, address: str) -> Endpoint:
+        """A new endpoint of the pool (see :meth:`_slot` for the one of an address)."""
+        return Endpoint(address, self.config, self._ledger.note, lambda: self._closed)
 
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections (their threads did not survive
@@ -989,13 +879,13 @@ class Producer(RoutedPublishing):
         if os.getpid() == self._pid:
             return
         self._pid = os.getpid()
-        self._slots = [Endpoint(s.address) for s in self._slots]
+        self._ledger = Ledger()
+        self._slots = [self._endpoint(s.address) for s in self._slots]
         self._pool = {s.address: s for s in self._slots}
         self._pool_lock = threading.Lock()
         self._routed_lock = threading.Lock()
         self._routed = set()
         self._backlog = Backlog(self._backlog.name)
-        self._ledger = Ledger()
         self._pub_timeout = self.config.pub_timeout
         #: taken by a backlogged publish before it is sent, and by its expiry (see _may_send)
         self._send_gate = threading.RLock()
@@ -1028,20 +918,6 @@ def _passing(passed: list[Endpoint] | None, slot: Endpoint) -> list[Endpoint]:
         return [slot]
     passed.append(slot)
     return passed
-
-
-def _warn_failover(slot: Endpoint, used: str) -> None:
-    """Once per outage, at WARNING: publishes meant for ``slot`` succeed elsewhere, so no
-    caller hears of its outage."""
-    if not slot.warned:
-        slot.warned = True
-        logger.warning(
-            "nsqd %s is unreachable (%s); publishes go to %s and the other addresses until it"
-            " is back",
-            slot.address,
-            slot.last_error,
-            used,
-        )
 
 
 def _ended(observers: tuple[Any, ...], event: PublishEvent, result: Any) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -432,11 +431,8 @@ class RoutedPublishing:
     def _after_refusal(self, command: bytes, slots: list[Endpoint] | None) -> None:
         """youzan's nsqd answers an MPUB_EXT it refuses before reading all of it: what it
         left unread would be taken for commands, so that connection is done for."""
-        if not command.startswith(b"MPUB_EXT ") or not slots:
-            return
-        conn = slots[0].conn
-        if conn is not None and conn.pid == os.getpid():
-            conn.close(0.0)
+        if command.startswith(b"MPUB_EXT ") and slots:
+            slots[0].drop()
 
 
 def _leader_gone(exc: BaseException) -> bool:
