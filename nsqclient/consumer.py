@@ -21,12 +21,11 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-import queue
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from . import protocol
@@ -35,14 +34,13 @@ from .backoff import BackoffMode, BackoffState
 from .checks import check_float, check_int
 from .config import Config, check_owner
 from .conn import Connection
-from .discovery import Discovery, _ConnInfo
+from .discovery import Discovery, run_hook
 from .discovery import split_key as split_key  # re-exported (subscription keys)
 from .discovery import target_key as target_key
 from .errors import (
     NSQError,
     ServerError,
 )
-from .lookup import LookupdPool
 from .message import Message, RequeueMessage, claim_all
 from .observe import ObserverSet, tell
 from .rdy import ConnView, is_starved, needs_refill, rdy_targets
@@ -75,9 +73,23 @@ class ConnectionCounts(NamedTuple):
     queued: int
 
 
+class _ConnInfo:
+    """The consumer's bookkeeping for one connection (guarded by Consumer._lock)."""
+
+    __slots__ = ("conn", "remaining", "rdy_since", "waiting_since", "first_message")
+
+    def __init__(self, conn: Connection, now: float):
+        self.conn = conn
+        self.remaining = 0
+        self.rdy_since: float | None = None
+        self.waiting_since = now
+        self.first_message = True
+
+
 class _Delegate:
-    """What a Connection and a Message call back (see :class:`~nsqclient.conn.ConnectionDelegate`
-    and :class:`~nsqclient.message.MessageResponder`), kept off the Consumer's public face."""
+    """What a Connection, a Message and the Discovery call back (see
+    :class:`~nsqclient.conn.ConnectionDelegate`, :class:`~nsqclient.message.MessageResponder`
+    and :class:`~nsqclient.discovery.DiscoveryOwner`), kept off the Consumer's public face."""
 
     __slots__ = ("_consumer",)
 
@@ -105,6 +117,21 @@ class _Delegate:
     def touch_message(self, message: Message) -> None:
         self._consumer._touch_message(message)
 
+    def held_keys(self) -> Collection[str]:
+        return self._consumer._held_keys()
+
+    def subscribed(self, conn: Connection) -> bool:
+        return self._consumer._subscribed(conn)
+
+    def connection_made(self, key: str) -> None:
+        self._consumer._connection_made(key)
+
+    def connection_lost(self, key: str, reason: BaseException | None) -> None:
+        self._consumer._connection_lost(key, reason)
+
+    def fail(self, error: NSQError) -> None:
+        self._consumer._fail(error)
+
 
 #: Unsolicited errors nsqd sends for a FIN/REQ/TOUCH it could not apply, and the counters
 #: they move: (counted apart, taken back from).
@@ -115,7 +142,7 @@ _ANSWER_FAILED = {
 }
 
 
-class Consumer(Discovery):
+class Consumer:
     """Consume ``topic``/``channel`` with ``handler``.
 
     Args:
@@ -183,51 +210,32 @@ class Consumer(Discovery):
             raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
         self.partition = None if partition is None else check_int(partition, "partition", min=0)
         self.ordered = bool(ordered)
-        if self.ordered and self.nsqd_tcp_addresses and self.partition is None:
-            raise ValueError(
-                "ordered=True with nsqd_tcp_addresses needs partition= (SUB_ORDERED names one"
-                " partition); give lookupd_http_addresses to consume every partition"
-            )
-        if self.ordered and self.config.sample_rate:
-            raise ValueError(
-                "ordered=True cannot sample: youzan's nsqd refuses SUB_ORDERED with a sample_rate"
-            )
-        self.on_out_of_order = on_out_of_order
-        #: warned once that ordered=True switches a topic that is not ordered
-        self._warned_unordered = False
-        #: the subscriptions to the nsqd given directly (see target_key)
-        self._direct = {target_key(a, self.partition) for a in self.nsqd_tcp_addresses}
-        self._lookupds = LookupdPool(
-            self.lookupd_http_addresses, self.config.lookupd_request_timeout
+        self._delegate = _Delegate(self)
+        self._discovery = Discovery(
+            self._delegate,
+            self.topic,
+            self.channel,
+            self.config,
+            delegate=self._delegate,
+            nsqd_tcp_addresses=self.nsqd_tcp_addresses,
+            lookupd_http_addresses=self.lookupd_http_addresses,
+            partition=self.partition,
+            ordered=self.ordered,
+            on_connect=on_connect,
+            on_disconnect=on_disconnect,
         )
-        #: Config of the connections to each lookupd-found subscription (youzan's differ)
-        self._target_config: dict[str, Config] = {}
+        self.on_out_of_order = on_out_of_order
         #: youzan, ordered: the highest disk queue offset seen per partition
         self._offsets: dict[int, int] = {}
         self._tracing = self.config.trace
         #: the error that stopped the consumer for good (see error)
         self._error: NSQError | None = None
-        #: lookup again soon (a lookupd-found connection closed: its leader may have moved)
-        self._requery_at = float("inf")
-        #: youzan: the topic's partition count (lookup's meta) and every partition lookup named
-        self._partition_num: int | None = None
-        self._partitions_seen: set[int] = set()
-        #: youzan: lookups in a row that left some partition without a connection
-        self._orphan_lookups = 0
         self.giving_up = giving_up
-        self.on_connect = on_connect
-        self.on_disconnect = on_disconnect
         self._max_in_flight = self.config.max_in_flight
         self._max_tries = self.config.max_tries
 
         self._lock = threading.RLock()
         self._conns: dict[str, _ConnInfo] = {}
-        self._connecting: dict[str, Connection] = {}
-        self._reconnect_at: dict[str, float] = {}
-        self._reconnect_failures: dict[str, int] = {}
-        self._lookupd_found: set[str] = set()
-        self._connect_threads: set[threading.Thread] = set()
-        self._delegate = _Delegate(self)
         # Messages waiting for a handler worker, oldest first.  The reader appends a whole
         # socket read's worth under _work_cond; workers pop one at a time without it and
         # wait on it only when the deque is empty.
@@ -235,9 +243,7 @@ class Consumer(Discovery):
         self._work_cond = threading.Condition(threading.Lock())
         self._idle_workers = 0
         self._workers_exit = False
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._rdy_wake = threading.Event()
-        self._discovery_wake = threading.Event()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_requested = threading.Event()
@@ -277,6 +283,24 @@ class Consumer(Discovery):
     def __repr__(self) -> str:
         return f"<Consumer {self.topic}/{self.channel} connections={len(self._conns)}>"
 
+    @property
+    def on_connect(self) -> Callable[[str], Any] | None:
+        """``hook(key)`` run when a connection is made (see the class doc)."""
+        return self._discovery.on_connect
+
+    @on_connect.setter
+    def on_connect(self, hook: Callable[[str], Any] | None) -> None:
+        self._discovery.on_connect = hook
+
+    @property
+    def on_disconnect(self) -> Callable[[str, BaseException | None], Any] | None:
+        """``hook(key, reason)`` run when a connection is lost (see the class doc)."""
+        return self._discovery.on_disconnect
+
+    @on_disconnect.setter
+    def on_disconnect(self, hook: Callable[[str, BaseException | None], Any] | None) -> None:
+        self._discovery.on_disconnect = hook
+
     # ================================================================ lifecycle
 
     def start(self) -> None:
@@ -284,9 +308,6 @@ class Consumer(Discovery):
         if self._started or self._stopping.is_set():
             raise RuntimeError("Consumer already started (or stopped)")
         self._started = True
-        now = time.monotonic()
-        for key in self._direct:
-            self._reconnect_at[key] = now
         tag = f"{self.topic}/{self.channel}"
         workers = 0 if self._pull else self.config.concurrency
         self._busy = [False] * workers
@@ -297,10 +318,12 @@ class Consumer(Discovery):
             )
             self._workers.append(t)
         self._threads = [
-            threading.Thread(target=self._discovery_loop, name=f"nsq-discovery-{tag}", daemon=True),
             threading.Thread(target=self._rdy_loop, name=f"nsq-rdy-{tag}", daemon=True),
         ]
-        for t in self._workers + self._threads:
+        for t in self._workers:
+            t.start()
+        self._discovery.start()
+        for t in self._threads:
             t.start()
         self._all_started.set()
         if self._max_in_flight == 0:
@@ -366,6 +389,7 @@ class Consumer(Discovery):
         Safe from any thread, a handler or a connection hook included (that thread is not
         waited for), and from several threads at once (one stops, the others wait for it)."""
         self._stop_requested.set()
+        self._discovery.stop()
         self._stopping.set()
         deadline = time.monotonic() + timeout
         if not self._stop_lock.acquire(timeout=max(timeout, 0.0)):
@@ -380,14 +404,9 @@ class Consumer(Discovery):
         current = threading.current_thread()
         if self._started:
             self._all_started.wait(max(deadline - time.monotonic(), 0.1))
-        self._discovery_wake.set()
         self._rdy_wake.set()
-        with self._lock:
-            dialing = list(self._connecting.values())
-            connecting = list(self._connect_threads)
-        for conn in dialing:
-            conn.abort_connect()  # a hung nsqd may never answer the handshake
-        for t in [*self._threads, *connecting]:
+        self._discovery.join(deadline)
+        for t in self._threads:
             if t is not current:
                 t.join(max(deadline - time.monotonic(), 0.1))
         with self._lock:
@@ -431,8 +450,7 @@ class Consumer(Discovery):
             infos = list(self._conns.values())
         for info in infos:
             info.conn.close(max(deadline - time.monotonic(), 1.0))
-        self._lookupds.close()
-        self._drain_events()
+        self._discovery.close()
         self._observers.close()
         self._stopped.set()
 
@@ -502,6 +520,30 @@ class Consumer(Discovery):
         logged at INFO on ``nsqclient.trace`` (topic, partition, nsqd, message id, trace id,
         offset, arrival time) before its handler runs."""
         self._tracing = bool(enabled)
+
+    # ======================================================== DiscoveryOwner (via _Delegate)
+
+    def _held_keys(self) -> Collection[str]:
+        with self._lock:
+            return set(self._conns)
+
+    def _subscribed(self, conn: Connection) -> bool:
+        with self._lock:
+            if self._stopping.is_set() or conn.is_closed:
+                return False
+            self._conns[conn.key] = _ConnInfo(conn, time.monotonic())
+        return True
+
+    def _connection_made(self, key: str) -> None:
+        observers = self._observers.active
+        if observers:
+            tell(observers, "connection_made", self, key)
+        self._rdy_wake.set()
+
+    def _connection_lost(self, key: str, reason: BaseException | None) -> None:
+        observers = self._observers.active
+        if observers:
+            tell(observers, "connection_lost", self, key, reason)
 
     def _fail(self, error: NSQError) -> None:
         """Stop for good: a subscription was refused in a way no reconnect can change."""
@@ -794,10 +836,8 @@ class Consumer(Discovery):
             if info is None or info.conn is not conn:
                 return
             del self._conns[conn.key]
-        self._events.put((conn.key, reason))
-        self._schedule_reconnect(conn.key, info.direct, reason)
+        self._discovery.lost(conn.key, reason)
         self._rdy_wake.set()
-        self._discovery_wake.set()
 
     # ================================================================ RDY
 
@@ -1038,7 +1078,7 @@ class Consumer(Discovery):
             offset,
             last,
         )
-        self._run_hook(self.on_out_of_order, message, last)
+        run_hook(self.on_out_of_order, message, last)
 
     # ======================================================== MessageResponder (via _Delegate)
 

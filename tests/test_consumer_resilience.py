@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from nsqclient import consumer as consumer_module
+from nsqclient import discovery as discovery_module
 from nsqclient.message import Message
 from nsqclient.testing.helpers import channel_stats, publish, wait_drained
 from nsqclient.testing.waiting import wait_for
@@ -61,7 +62,7 @@ def test_an_unexpected_error_in_discovery_is_logged_and_discovery_goes_on(
 ):
     node = nsqd.nsqd
     publish(node, "c_disc_err", [b"x"])
-    original = consumer_module.Consumer._due_reconnects
+    original = discovery_module.Discovery._due_reconnects
     failures = iter([RuntimeError("discovery bug")])
 
     def due_reconnects(self: Any, now: float) -> list[str]:
@@ -69,7 +70,7 @@ def test_an_unexpected_error_in_discovery_is_logged_and_discovery_goes_on(
             raise exc
         return original(self, now)
 
-    monkeypatch.setattr(consumer_module.Consumer, "_due_reconnects", due_reconnects)
+    monkeypatch.setattr(discovery_module.Discovery, "_due_reconnects", due_reconnects)
     got: list[bytes] = []
     consumers("c_disc_err", "ch", lambda m: got.append(m.body), nsqd_tcp_addresses=node.tcp_address)
     wait_for(lambda: got == [b"x"], TIMEOUT)
@@ -109,7 +110,7 @@ def test_an_unexpected_error_in_the_rdy_loop_is_logged_and_it_goes_on(
 def test_unexpected_errors_connecting_are_logged_and_retried(nsqd, consumers, monkeypatch, caplog):
     node = nsqd.nsqd
     publish(node, "c_conn_err", [b"z"])
-    original = consumer_module.Consumer._subscribe
+    original = discovery_module.Discovery._subscribe
     failures = iter([ValueError("connect bug")])
 
     def subscribe(self: Any, conn: Any, direct: bool) -> None:
@@ -117,7 +118,7 @@ def test_unexpected_errors_connecting_are_logged_and_retried(nsqd, consumers, mo
             raise exc
         original(self, conn, direct)
 
-    monkeypatch.setattr(consumer_module.Consumer, "_subscribe", subscribe)
+    monkeypatch.setattr(discovery_module.Discovery, "_subscribe", subscribe)
     got: list[bytes] = []
     consumers(
         "c_conn_err",
