@@ -47,6 +47,7 @@ from .errors import (
 )
 from .lookup import LookupdPool
 from .observe import ObserverSet, PublishEvent, tell
+from .outer import OuterFutures
 from .partitions import key_bytes
 from .router import Router
 from .routing import PublishResult, RoutedPublishing
@@ -125,17 +126,16 @@ class Producer(RoutedPublishing):
             pool = LookupdPool(lookupds, self.config.lookupd_request_timeout)
             self._router = Router(pool, self.config.lookupd_poll_interval)
         self._tracing = self.config.trace
-        #: asynchronous publishes not yet on a connection, or waiting for a routed retry,
-        #: and not answered yet (flush and close wait for them)
-        self._routed: set[Future] = set()
-        self._routed_lock = threading.Lock()
         #: pub_async work that may block (connecting, lookups), run in order on one thread
         self._backlog = Backlog(addresses[0] if addresses else "lookup")
         self._pub_timeout = self.config.pub_timeout
-        #: taken by a backlogged publish before it is sent, and by its expiry (see _may_send)
-        self._send_gate = threading.RLock()
+        #: asynchronous publishes not yet on a connection, or waiting for a routed retry,
+        #: and not answered yet (flush and close wait for them)
+        self._outers = OuterFutures(
+            self._ledger.note, self._pub_timeout, self._connection_of, self._keep_deadlines
+        )
         self._deadlines = DeadlineKeeper(
-            self._backlog.name, self._live_connections, self._pub_timeout, self._expire_outer
+            self._backlog.name, self._live_connections, self._pub_timeout, self._outers.expire
         )
         self._rr = itertools.count()
         #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
@@ -506,8 +506,7 @@ class Producer(RoutedPublishing):
         """Wait until ``deadline`` for the publishes in flight now (queued for a connection,
         waiting for a retry, or sent); return those still unanswered.  Taking no outcome (see
         :func:`~nsqclient.answers.wait_answered`)."""
-        with self._routed_lock:
-            pending: list[Future | Waiter] = list(self._routed)
+        pending: list[Future | Waiter] = list(self._outers.pending())
         for endpoint in list(self._pool.values()):
             conn = endpoint.ours()
             if conn is not None:
@@ -724,18 +723,18 @@ class Producer(RoutedPublishing):
         elif self._closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         deadline = time.monotonic() + self._pub_timeout
-        outer = self._tracked_future(deadline)
+        outer = self._outers.track(deadline)
 
         def job() -> None:
-            if not self._may_send(outer):
+            if not self._outers.may_send(outer):
                 return  # its deadline passed while it waited: failed, nothing sent
             try:
                 inner = self._submit_backlogged(command, deadline, None)
             except BaseException as exc:
-                self._settle(outer, error=exc)
+                self._outers.settle(outer, error=exc)
                 return
-            outer.inner = inner  # type: ignore[attr-defined]  # for _expire_outer
-            self._chain(inner, outer)
+            outer.inner = inner  # type: ignore[attr-defined]  # for OuterFutures.expire
+            self._outers.chain(inner, outer)
 
         self._backlog.submit(job)
         return outer
@@ -779,84 +778,13 @@ class Producer(RoutedPublishing):
         self._deadlines.ensure()
         return future
 
-    def _tracked_future(self, deadline: float) -> RequestFuture:
-        """A running Future handed to a pub_async caller before its publish is written: flush()
-        and close() wait for it until it is done, it fails with NSQTimeoutError at
-        ``deadline`` (a ``time.monotonic()``; see _expire_outer), and it goes to the ledger
-        when it fails unseen."""
-        outer = RequestFuture(self._ledger.note)
-        outer.deadline = deadline  # type: ignore[attr-defined]
-        outer.sent = False  # type: ignore[attr-defined]
-        outer.inner = None  # type: ignore[attr-defined]
-        with self._routed_lock:
-            self._routed.add(outer)
-        outer.watch(self._forget_routed)
+    def _keep_deadlines(self) -> None:
         self._deadlines.ensure()
-        return outer
 
-    def _may_send(self, outer: Future) -> bool:
-        """Before a backlogged or retried publish is written for ``outer``: False if ``outer``
-        is done (its deadline passed: it failed saying nothing was sent, so nothing may be);
-        otherwise mark it sent (from now on its outcome is unknown until nsqd answers)."""
-        with self._send_gate:
-            if outer.done():
-                return False
-            outer.sent = True  # type: ignore[attr-defined]
-            return True
-
-    def _settle(
-        self, outer: Future, result: Any = None, error: BaseException | None = None
-    ) -> None:
-        """Complete ``outer`` (a Future of _tracked_future) unless its deadline already failed
-        it."""
-        with self._send_gate:
-            if outer.done():
-                return
-            if error is not None:
-                outer.set_exception(error)
-            else:
-                outer.set_result(result)
-
-    def _chain(self, inner: Future, outer: Future) -> None:
-        """Complete ``outer`` as ``inner`` completes (with its nsqd address)."""
-        outer.nsqd_address = getattr(inner, "nsqd_address", None)  # type: ignore[attr-defined]
-
-        def done(f: Future) -> None:
-            error = f.exception()
-            self._settle(outer, None if error is not None else f.result(), error)
-
-        inner.add_done_callback(done)
-
-    def _expire_outer(self, now: float) -> bool:
-        """The deadline keeper's look at the Futures handed out before their publish reached a
-        connection (see _tracked_future), past their deadline: one never sent fails saying
-        so; one whose publish is on a connection fails as that request expires there (never
-        written: never will be); one being sent right now is left to its own deadline,
-        which bounds the connecting.  True while some wait."""
-        with self._routed_lock:
-            outers = list(self._routed)
-        for outer in outers:
-            if outer.deadline > now:  # type: ignore[attr-defined]
-                continue
-            with self._send_gate:
-                if outer.done():
-                    continue
-                inner = outer.inner  # type: ignore[attr-defined]
-                if not outer.sent:  # type: ignore[attr-defined]
-                    outer.set_exception(
-                        NSQTimeoutError(
-                            f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s);"
-                            " nothing was sent",
-                            maybe_processed=False,
-                        )
-                    )
-                    continue
-            if inner is not None and not inner.done():
-                slot = self._pool.get(getattr(inner, "nsqd_address", None) or "")
-                conn = slot.conn if slot is not None else None
-                if conn is not None:
-                    conn.expire_request(inner)  # outer follows through its chain
-        return bool(outers)
+    def _connection_of(self, address: str) -> Connection | None:
+        """The connection of the pool's endpoint at ``address``, if any."""
+        endpoint = self._pool.get(address)
+        return endpoint.conn if endpoint is not None else None
 
     def _slot(self, address: str) -> Endpoint:
         slot = self._pool.get(address)
@@ -864,10 +792,6 @@ class Producer(RoutedPublishing):
             with self._pool_lock:
                 slot = self._pool.setdefault(address, self._endpoint(address))
         return slot
-
-    def _forget_routed(self, future: Future) -> None:
-        with self._routed_lock:
-            self._routed.discard(future)
 
     def _endpoint(self, address: str) -> Endpoint:
         """A new endpoint of the pool (see :meth:`_slot` for the one of an address)."""
@@ -883,14 +807,13 @@ class Producer(RoutedPublishing):
         self._slots = [self._endpoint(s.address) for s in self._slots]
         self._pool = {s.address: s for s in self._slots}
         self._pool_lock = threading.Lock()
-        self._routed_lock = threading.Lock()
-        self._routed = set()
         self._backlog = Backlog(self._backlog.name)
         self._pub_timeout = self.config.pub_timeout
-        #: taken by a backlogged publish before it is sent, and by its expiry (see _may_send)
-        self._send_gate = threading.RLock()
+        self._outers = OuterFutures(
+            self._ledger.note, self._pub_timeout, self._connection_of, self._keep_deadlines
+        )
         self._deadlines = DeadlineKeeper(
-            self._backlog.name, self._live_connections, self._pub_timeout, self._expire_outer
+            self._backlog.name, self._live_connections, self._pub_timeout, self._outers.expire
         )
 
 

@@ -41,6 +41,7 @@ from .router import Router
 if TYPE_CHECKING:
     from .backlog import Backlog
     from .endpoint import Endpoint
+    from .outer import OuterFutures
 
 __all__ = ["PublishResult", "RoutedPublishing", "TRACE_ID_KEY"]
 
@@ -92,10 +93,7 @@ class RoutedPublishing:
     _submit_backlogged: Callable[..., Future]
     _submit_until: Callable[..., Future]
     _slot: Callable[[str], Endpoint]
-    _tracked_future: Callable[[float], Future]
-    _may_send: Callable[[Future], bool]
-    _settle: Callable[..., None]
-    _forget_routed: Callable[[Future], None]
+    _outers: OuterFutures
 
     def _pub_builder(
         self,
@@ -335,7 +333,7 @@ class RoutedPublishing:
         clock = time.monotonic if router is None else router.now
         started = time.monotonic()
         deadline = started + self.config.pub_timeout
-        outer = self._tracked_future(deadline)
+        outer = self._outers.track(deadline)
 
         def attempt(retries: int, inline: bool = False) -> bool:
             """One attempt; False when ``inline`` and it cannot go without blocking."""
@@ -346,7 +344,7 @@ class RoutedPublishing:
                 p, slots = self._target(topic, partition, key)
                 command = build(p)
                 inner: Future | None
-                if not self._may_send(outer):
+                if not self._outers.may_send(outer):
                     return True  # past its deadline: failed, and nothing may be sent now
                 if inline:
                     inner = self._submit_live(command, slots)
@@ -360,12 +358,12 @@ class RoutedPublishing:
             except (ValueError, TypeError) as exc:
                 if inline:
                     raise  # bad input: at the call site
-                self._settle(outer, error=exc)
+                self._outers.settle(outer, error=exc)
                 return True
             except BaseException as exc:
                 failed(exc, retries, attempted_at)
                 return True
-            outer.inner = inner  # type: ignore[attr-defined]  # for _expire_outer
+            outer.inner = inner  # type: ignore[attr-defined]  # for OuterFutures.expire
             address = slots[0].address if slots else ""
             inner.watch(  # type: ignore[attr-defined]
                 lambda f: answered(f, p, address, retries, command, slots, attempted_at)
@@ -391,19 +389,21 @@ class RoutedPublishing:
                 failed(exc, retries, attempted_at)
             elif traced:
                 try:
-                    self._settle(outer, self._traced(topic, p, address, inner.result(), started))
+                    self._outers.settle(
+                        outer, self._traced(topic, p, address, inner.result(), started)
+                    )
                 except Exception as error:
-                    self._settle(outer, error=error)
+                    self._outers.settle(outer, error=error)
             else:
-                self._settle(outer, inner.result())
+                self._outers.settle(outer, inner.result())
 
         def failed(exc: BaseException, retries: int, attempted_at: float) -> None:
             delay = self._retry_delay(topic, exc, retries, attempted_at)
             if delay is None:
-                self._settle(outer, error=exc)
+                self._outers.settle(outer, error=exc)
                 return
             if time.monotonic() + delay >= deadline and _leader_gone(exc):
-                self._settle(
+                self._outers.settle(
                     outer,
                     error=NSQTimeoutError(
                         f"no leader of {topic!r} could be reached within pub_timeout"
@@ -424,7 +424,7 @@ class RoutedPublishing:
             if self._backlog.jobs or not attempt(0, inline=True):
                 self._backlog.submit(first_attempt)
         except BaseException:
-            self._forget_routed(outer)
+            self._outers.forget(outer)
             raise
         return outer
 

@@ -1,0 +1,134 @@
+"""The Futures a Producer hands out before their publish is on a connection.
+
+An asynchronous publish that cannot be written at once (it waits in the backlog for a
+connection or a lookup, or for youzan's retry after a stale route) gets an *outer* Future at
+the call; the request written for it later has its own *inner* Future on a connection, which
+the outer one follows.  :class:`OuterFutures` keeps the outer ones until they are done:
+``flush()`` and ``close()`` wait for them, each fails with NSQTimeoutError at its deadline
+(:meth:`OuterFutures.expire`, called by the deadline keeper), and the send gate makes sure a
+publish whose outer Future already failed saying "nothing was sent" is never sent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from .answers import RequestFuture
+from .conn import Connection
+from .errors import NSQTimeoutError
+
+__all__ = ["OuterFutures"]
+
+
+class OuterFutures:
+    """The outer Futures of one Producer that are not done yet.
+
+    Args:
+        on_failure: a failed outer Future nobody looked at goes there (the ledger's ``note``).
+        pub_timeout: seconds, for the error of one that expires.
+        connection_of: the connection of the pool at an address (None when it has none), to
+            expire an inner request that is on it.
+        started: called when one is handed out (makes sure the deadline keeper runs).
+    """
+
+    def __init__(
+        self,
+        on_failure: Callable[[RequestFuture], None],
+        pub_timeout: float,
+        connection_of: Callable[[str], Connection | None],
+        started: Callable[[], None],
+    ):
+        self._on_failure = on_failure
+        self._pub_timeout = pub_timeout
+        self._connection_of = connection_of
+        self._started = started
+        self._lock = threading.Lock()
+        self._outers: set[Future] = set()
+        #: taken by a backlogged publish before it is sent, and by its expiry (see may_send)
+        self._send_gate = threading.RLock()
+
+    def track(self, deadline: float) -> RequestFuture:
+        """A running Future handed to a pub_async caller before its publish is written: flush()
+        and close() wait for it until it is done, it fails with NSQTimeoutError at
+        ``deadline`` (a ``time.monotonic()``; see expire), and it goes to ``on_failure``
+        when it fails unseen."""
+        outer = RequestFuture(self._on_failure)
+        outer.deadline = deadline  # type: ignore[attr-defined]
+        outer.sent = False  # type: ignore[attr-defined]
+        outer.inner = None  # type: ignore[attr-defined]
+        with self._lock:
+            self._outers.add(outer)
+        outer.watch(self.forget)
+        self._started()
+        return outer
+
+    def forget(self, outer: Future) -> None:
+        """Stop keeping ``outer`` (done, or never handed out after all)."""
+        with self._lock:
+            self._outers.discard(outer)
+
+    def pending(self) -> list[Future]:
+        """The outer Futures not done yet."""
+        with self._lock:
+            return list(self._outers)
+
+    def may_send(self, outer: Future) -> bool:
+        """Before a backlogged or retried publish is written for ``outer``: False if ``outer``
+        is done (its deadline passed: it failed saying nothing was sent, so nothing may be);
+        otherwise mark it sent (from now on its outcome is unknown until nsqd answers)."""
+        with self._send_gate:
+            if outer.done():
+                return False
+            outer.sent = True  # type: ignore[attr-defined]
+            return True
+
+    def settle(self, outer: Future, result: Any = None, error: BaseException | None = None) -> None:
+        """Complete ``outer`` unless its deadline already failed it."""
+        with self._send_gate:
+            if outer.done():
+                return
+            if error is not None:
+                outer.set_exception(error)
+            else:
+                outer.set_result(result)
+
+    def chain(self, inner: Future, outer: Future) -> None:
+        """Complete ``outer`` as ``inner`` completes (with its nsqd address)."""
+        outer.nsqd_address = getattr(inner, "nsqd_address", None)  # type: ignore[attr-defined]
+
+        def done(f: Future) -> None:
+            error = f.exception()
+            self.settle(outer, None if error is not None else f.result(), error)
+
+        inner.add_done_callback(done)
+
+    def expire(self, now: float) -> bool:
+        """The deadline keeper's look at the outer Futures past their deadline: one never
+        sent fails saying so; one whose publish is on a connection fails as that request
+        expires there (never written: never will be); one being sent right now is left to
+        its own deadline, which bounds the connecting.  True while some wait."""
+        outers = self.pending()
+        for outer in outers:
+            if outer.deadline > now:  # type: ignore[attr-defined]
+                continue
+            with self._send_gate:
+                if outer.done():
+                    continue
+                inner = outer.inner  # type: ignore[attr-defined]
+                if not outer.sent:  # type: ignore[attr-defined]
+                    outer.set_exception(
+                        NSQTimeoutError(
+                            f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s);"
+                            " nothing was sent",
+                            maybe_processed=False,
+                        )
+                    )
+                    continue
+            if inner is not None and not inner.done():
+                conn = self._connection_of(getattr(inner, "nsqd_address", None) or "")
+                if conn is not None:
+                    conn.expire_request(inner)  # outer follows through its chain
+        return bool(outers)
