@@ -20,7 +20,28 @@ from .answers import RequestFuture
 from .conn import Connection
 from .errors import NSQTimeoutError
 
-__all__ = ["OuterFutures"]
+__all__ = ["OuterFuture", "OuterFutures"]
+
+
+class OuterFuture(RequestFuture):
+    """The Future of an asynchronous publish not yet on a connection when it was handed out.
+
+    Attributes:
+        deadline: ``time.monotonic()`` by which it is done (see :meth:`OuterFutures.expire`).
+        sent: its publish is being or was written (its outcome is unknown until nsqd answers).
+        inner: the Future of the request written for it, once there is one.
+        nsqd_address: where the (last attempt of the) publish went, once known.
+        partition: youzan: the partition the (last attempt of the) publish went to.
+    """
+
+    sent = False
+    inner: Future | None = None
+    nsqd_address: str | None = None
+    partition: int | None = None
+
+    def __init__(self, deadline: float, on_failure: Callable[[RequestFuture], None]):
+        super().__init__(on_failure)
+        self.deadline = deadline
 
 
 class OuterFutures:
@@ -46,19 +67,16 @@ class OuterFutures:
         self._connection_of = connection_of
         self._started = started
         self._lock = threading.Lock()
-        self._outers: set[Future] = set()
+        self._outers: set[OuterFuture] = set()
         #: taken by a backlogged publish before it is sent, and by its expiry (see may_send)
         self._send_gate = threading.RLock()
 
-    def track(self, deadline: float) -> RequestFuture:
+    def track(self, deadline: float) -> OuterFuture:
         """A running Future handed to a pub_async caller before its publish is written: flush()
         and close() wait for it until it is done, it fails with NSQTimeoutError at
         ``deadline`` (a ``time.monotonic()``; see expire), and it goes to ``on_failure``
         when it fails unseen."""
-        outer = RequestFuture(self._on_failure)
-        outer.deadline = deadline  # type: ignore[attr-defined]
-        outer.sent = False  # type: ignore[attr-defined]
-        outer.inner = None  # type: ignore[attr-defined]
+        outer = OuterFuture(deadline, self._on_failure)
         with self._lock:
             self._outers.add(outer)
         outer.watch(self.forget)
@@ -70,22 +88,24 @@ class OuterFutures:
         with self._lock:
             self._outers.discard(outer)
 
-    def pending(self) -> list[Future]:
+    def pending(self) -> list[OuterFuture]:
         """The outer Futures not done yet."""
         with self._lock:
             return list(self._outers)
 
-    def may_send(self, outer: Future) -> bool:
+    def may_send(self, outer: OuterFuture) -> bool:
         """Before a backlogged or retried publish is written for ``outer``: False if ``outer``
         is done (its deadline passed: it failed saying nothing was sent, so nothing may be);
         otherwise mark it sent (from now on its outcome is unknown until nsqd answers)."""
         with self._send_gate:
             if outer.done():
                 return False
-            outer.sent = True  # type: ignore[attr-defined]
+            outer.sent = True
             return True
 
-    def settle(self, outer: Future, result: Any = None, error: BaseException | None = None) -> None:
+    def settle(
+        self, outer: OuterFuture, result: Any = None, error: BaseException | None = None
+    ) -> None:
         """Complete ``outer`` unless its deadline already failed it."""
         with self._send_gate:
             if outer.done():
@@ -95,9 +115,9 @@ class OuterFutures:
             else:
                 outer.set_result(result)
 
-    def chain(self, inner: Future, outer: Future) -> None:
+    def chain(self, inner: Future, outer: OuterFuture) -> None:
         """Complete ``outer`` as ``inner`` completes (with its nsqd address)."""
-        outer.nsqd_address = getattr(inner, "nsqd_address", None)  # type: ignore[attr-defined]
+        outer.nsqd_address = getattr(inner, "nsqd_address", None)
 
         def done(f: Future) -> None:
             error = f.exception()
@@ -112,13 +132,13 @@ class OuterFutures:
         its own deadline, which bounds the connecting.  True while some wait."""
         outers = self.pending()
         for outer in outers:
-            if outer.deadline > now:  # type: ignore[attr-defined]
+            if outer.deadline > now:
                 continue
             with self._send_gate:
                 if outer.done():
                     continue
-                inner = outer.inner  # type: ignore[attr-defined]
-                if not outer.sent:  # type: ignore[attr-defined]
+                inner = outer.inner
+                if not outer.sent:
                     outer.set_exception(
                         NSQTimeoutError(
                             f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s);"

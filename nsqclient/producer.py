@@ -733,7 +733,7 @@ class Producer(RoutedPublishing):
             except BaseException as exc:
                 self._outers.settle(outer, error=exc)
                 return
-            outer.inner = inner  # type: ignore[attr-defined]  # for OuterFutures.expire
+            outer.inner = inner  # for OuterFutures.expire
             self._outers.chain(inner, outer)
 
         self._backlog.submit(job)

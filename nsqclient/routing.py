@@ -349,7 +349,7 @@ class RoutedPublishing:
                 if inline:
                     inner = self._submit_live(command, slots)
                     if inner is None:
-                        outer.sent = False  # type: ignore[attr-defined]  # not sent after all
+                        outer.sent = False  # not sent after all
                         return False
                 elif retries == 0:
                     inner = self._submit_backlogged(command, deadline, slots)
@@ -363,7 +363,7 @@ class RoutedPublishing:
             except BaseException as exc:
                 failed(exc, retries, attempted_at)
                 return True
-            outer.inner = inner  # type: ignore[attr-defined]  # for OuterFutures.expire
+            outer.inner = inner  # for OuterFutures.expire
             address = slots[0].address if slots else ""
             inner.watch(  # type: ignore[attr-defined]
                 lambda f: answered(f, p, address, retries, command, slots, attempted_at)
@@ -380,8 +380,8 @@ class RoutedPublishing:
             attempted_at: float,
         ) -> None:
             # where this attempt went, for whoever reads the Future (the last attempt's)
-            outer.nsqd_address = getattr(inner, "nsqd_address", None) or address  # type: ignore[attr-defined]
-            outer.partition = p  # type: ignore[attr-defined]
+            outer.nsqd_address = getattr(inner, "nsqd_address", None) or address
+            outer.partition = p
             exc = inner.exception()
             if exc is not None:
                 if isinstance(exc, ServerError):

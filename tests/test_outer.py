@@ -66,9 +66,9 @@ def test_one_sent_expires_with_its_request_on_the_connection(parts):
     assert outers.may_send(outer) is True
     inner = RequestFuture()
     inner.nsqd_address = "a:1"  # type: ignore[attr-defined]
-    outer.inner = inner  # type: ignore[attr-defined]
+    outer.inner = inner
     outers.chain(inner, outer)
-    assert outer.nsqd_address == "a:1"  # type: ignore[attr-defined]
+    assert outer.nsqd_address == "a:1"
     outers.expire(10.0)
     assert conn.expired == [inner]
     assert isinstance(outer.failure(), NSQTimeoutError)  # followed its request
@@ -85,3 +85,10 @@ def test_a_chained_outer_future_takes_the_answer_or_the_error(parts):
     assert ok.result(0) == b"OK"
     assert isinstance(refused.exception(0), ServerError)
     assert outers.pending() == []
+
+
+def test_an_outer_future_is_a_request_future_with_its_deadline(parts):
+    outers, _, _, _ = parts
+    outer = outers.track(7.5)
+    assert isinstance(outer, RequestFuture)
+    assert (outer.deadline, outer.sent, outer.inner, outer.nsqd_address) == (7.5, False, None, None)
