@@ -18,7 +18,7 @@ $(STAMP): setup.cfg setup.py
 install: $(STAMP)
 
 # The client's integration tests run a second time with the embedded nsqd cutting every write
-# into small random pieces (NSQCLIENT_TESTING_SPLIT_WRITES, see nsqclient/testing/writes.py),
+# into small random pieces (NSQCLIENT_TESTING_SPLIT_WRITES, see nsqclient/testing/nsqd/writes.py),
 # so that frame reassembly is tested on every read boundary.  Skipped against real binaries.
 SPLIT_WRITES_TESTS := tests/test_consumer.py tests/test_consumer_faults.py \
 	tests/test_consumer_scale.py tests/test_producer.py tests/test_producer_wsgi.py \

@@ -12,7 +12,8 @@ import pytest
 import snappy
 
 from nsqclient import protocol
-from nsqclient.testing.cli import (
+from nsqclient.testing.nsqd.writes import Output, WriteSplitter, snappy_writes
+from nsqclient.testing.scripts import (
     NSQD_FLAGS,
     NSQLOOKUPD_FLAGS,
     FlagError,
@@ -20,7 +21,6 @@ from nsqclient.testing.cli import (
     nsqd_options,
     parse_go_flags,
 )
-from nsqclient.testing.writes import Output, WriteSplitter, snappy_writes
 
 OK_FRAME = protocol.encode_frame(protocol.FRAME_TYPE_RESPONSE, b"OK")
 

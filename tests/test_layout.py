@@ -183,9 +183,9 @@ def test_the_cycle_finder_finds_and_names_a_circle() -> None:
 def test_relative_imports_resolve_like_python() -> None:
     assert _resolve(f"{PACKAGE}.conn", 1, "protocol") == f"{PACKAGE}.protocol"
     assert _resolve(PACKAGE, 1, None) == PACKAGE
-    if f"{PACKAGE}.testing.nsqd" in MODULES:
-        assert _resolve(f"{PACKAGE}.testing.nsqd", 2, "protocol") == f"{PACKAGE}.protocol"
-        assert _resolve(f"{PACKAGE}.testing", 1, "nsqd") == f"{PACKAGE}.testing.nsqd"
+    if f"{PACKAGE}.testing.nsqd.node" in MODULES:
+        assert _resolve(f"{PACKAGE}.testing.nsqd.node", 3, "protocol") == f"{PACKAGE}.protocol"
+        assert _resolve(f"{PACKAGE}.testing.nsqd", 1, "queues") == f"{PACKAGE}.testing.nsqd.queues"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``python -m nsqclient.testing``: run embedded NSQ servers until SIGINT/SIGTERM.
 
-One server each, with the real binary's flags and meanings (see :mod:`.cli`)::
+One server each, with the real binary's flags and meanings (see :mod:`.scripts`)::
 
     python -m nsqclient.testing nsqlookupd --tcp-address=127.0.0.1:4160 --http-address=...
     python -m nsqclient.testing nsqd --lookupd-tcp-address=127.0.0.1:4160 --data-path=/tmp/d
@@ -25,8 +25,8 @@ import sys
 import threading
 
 from ..durations import parse_duration
-from .cli import nsqd_main, nsqlookupd_main
 from .cluster import EmbeddedNSQ
+from .scripts import nsqd_main, nsqlookupd_main
 
 log = logging.getLogger("nsqclient.testing")
 

@@ -15,13 +15,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .lookupd import Lookupd
+from .lookupd.node import Lookupd
 from .nodes import LookupdNode, Node
-from .nsqd import NSQD, NSQDOptions
+from .nsqd.node import NSQD, NSQDOptions
 from .waiting import wait_for
-from .youzan_lookupd import YouzanLookupd
-from .youzan_meta import REGISTRATION_TTL, Coordinator, TopicMeta
-from .youzan_nsqd import YouzanNSQD
+from .youzan.lookupd import YouzanLookupd
+from .youzan.meta import REGISTRATION_TTL, Coordinator, TopicMeta
+from .youzan.node import YouzanNSQD
 
 __all__ = ["EmbeddedNSQ", "Node", "LookupdNode"]
 

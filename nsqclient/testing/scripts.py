@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
 from ..durations import parse_duration
-from .gostyle import VERSION
-from .lookupd import Lookupd
-from .nsqd import NSQD
-from .options import NSQDOptions
+from .gostyle.text import VERSION
+from .lookupd.node import Lookupd
+from .nsqd.node import NSQD
+from .nsqd.options import NSQDOptions
 
 __all__ = [
     "nsqd_main",

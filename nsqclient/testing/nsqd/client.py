@@ -22,15 +22,15 @@ import zlib
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from ..protocol import (
+from ...protocol import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_RESPONSE,
     encode_frame,
     valid_channel_name,
     valid_topic_name,
 )
+from ..gostyle.text import VERSION, go_json, go_quote
 from .auth import AuthState, query_auth
-from .gostyle import VERSION, go_json, go_quote
 from .ids import GUIDFactory
 from .options import NSQDOptions, ms
 from .queues import (

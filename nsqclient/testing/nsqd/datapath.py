@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .gostyle import VERSION
+from ..gostyle.text import VERSION
 from .queues import Message, Topic
 
 __all__ = [

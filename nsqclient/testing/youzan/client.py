@@ -19,8 +19,8 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .gostyle import go_quote
-from .protocol_v2 import (
+from ..gostyle.text import go_quote
+from ..nsqd.client import (
     _BLOCKED,
     _IDENTIFY_FIELDS,
     _NEED_MORE,
@@ -32,9 +32,9 @@ from .protocol_v2 import (
     _ms_to_duration_ns,
     _to_int64,
 )
-from .queues import STATE_SUBSCRIBED
-from .youzan_meta import Coordinator, PartitionState
-from .youzan_queues import EXT_VER_JSON, EXT_VER_NONE, YChannel
+from ..nsqd.queues import STATE_SUBSCRIBED
+from .meta import Coordinator, PartitionState
+from .queues import EXT_VER_JSON, EXT_VER_NONE, YChannel
 
 __all__ = ["YouzanClientConn", "YouzanServer", "YOUZAN_VERSION", "traced_reply"]
 

@@ -13,7 +13,7 @@ import re
 import urllib.parse
 from typing import Any
 
-from .httpclient import http_get_json
+from ..http.client import http_get_json
 
 __all__ = ["AuthState", "query_auth"]
 

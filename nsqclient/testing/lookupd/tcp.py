@@ -15,9 +15,9 @@ import struct
 import time
 from typing import Protocol
 
-from ..protocol import valid_channel_name, valid_topic_name
-from .gostyle import VERSION, go_json
-from .lookupd_db import PeerInfo, RegistrationDB
+from ...protocol import valid_channel_name, valid_topic_name
+from ..gostyle.text import VERSION, go_json
+from .db import PeerInfo, RegistrationDB
 
 __all__ = ["LookupConn", "Registry"]
 

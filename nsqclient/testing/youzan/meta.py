@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .youzan_queues import PartitionData
+from .queues import PartitionData
 
 __all__ = [
     "YNode",

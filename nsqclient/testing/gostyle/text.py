@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .httpserver import Response
+from ..http.server import Response
 
 __all__ = [
     "VERSION",

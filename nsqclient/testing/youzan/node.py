@@ -1,5 +1,5 @@
 """An embedded nsqd in youzan's mode: the classic node with youzan's TCP protocol
-(:mod:`.youzan_protocol`), a place in the cluster's metadata (:mod:`.youzan_meta`) and the
+(:mod:`.client`), a place in the cluster's metadata (:mod:`.meta`) and the
 identities youzan's nsqlookupd shows for it.
 
 It does not register with an nsqlookupd over TCP: the embedded youzan lookupd reads the
@@ -8,7 +8,7 @@ lookup peer ``id`` is the address of a (made-up) connection to the lookupd and c
 the node starts; its ``distributed_id`` (``ip:rpc port:tcp port:extra``) does not.
 
 :meth:`YouzanNSQD.stop` is a SIGKILL: listeners and connections close at once and the cluster
-reacts when the node's registration expires (see :mod:`.youzan_meta`); :meth:`YouzanNSQD.terminate`
+reacts when the node's registration expires (see :mod:`.meta`); :meth:`YouzanNSQD.terminate`
 is a SIGTERM: the node hands its leaderships over first.
 """
 
@@ -20,10 +20,10 @@ import logging
 import random
 from typing import Any
 
-from .nsqd import NSQD
-from .options import NSQDOptions
-from .youzan_meta import Coordinator
-from .youzan_protocol import YOUZAN_VERSION, YouzanClientConn
+from ..nsqd.node import NSQD
+from ..nsqd.options import NSQDOptions
+from .client import YOUZAN_VERSION, YouzanClientConn
+from .meta import Coordinator
 
 __all__ = ["YouzanNSQD"]
 

@@ -12,7 +12,7 @@ import logging
 import struct
 from typing import Any, Protocol
 
-from .gostyle import VERSION, go_json
+from ..gostyle.text import VERSION, go_json
 from .options import NSQDOptions
 
 __all__ = ["LookupPeer", "Registrant"]

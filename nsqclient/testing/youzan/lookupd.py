@@ -1,5 +1,5 @@
 """An embedded nsqlookupd in youzan's mode (``nsqlookupd/http.go`` of youzan/nsq), answering
-from the cluster's metadata (:mod:`.youzan_meta`).
+from the cluster's metadata (:mod:`.meta`).
 
 ``/lookup?topic=&access=r|w&metainfo=true`` gives ``channels``, ``producers`` and
 ``partitions`` (partition -> its leader's peer info) and, with ``metainfo``, the topic's
@@ -29,14 +29,14 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from ..protocol import valid_topic_name
-from .gostyle import JSON_CONTENT_TYPE, NSQ_V1, go_json
-from .httpserver import HTTPServerProtocol, QueryError, Request, Response, Router, parse_query
-from .lookupd import LookupdListeners
-from .lookupd_db import RegistrationDB
-from .lookupd_tcp import LookupConn
-from .youzan_meta import MAX_PARTITION_NUM, MAX_REPLICATOR, Coordinator, TopicMeta
-from .youzan_protocol import YOUZAN_VERSION
+from ...protocol import valid_topic_name
+from ..gostyle.text import JSON_CONTENT_TYPE, NSQ_V1, go_json
+from ..http.server import HTTPServerProtocol, QueryError, Request, Response, Router, parse_query
+from ..lookupd.db import RegistrationDB
+from ..lookupd.node import LookupdListeners
+from ..lookupd.tcp import LookupConn
+from .client import YOUZAN_VERSION
+from .meta import MAX_PARTITION_NUM, MAX_REPLICATOR, Coordinator, TopicMeta
 
 __all__ = ["YouzanLookupd", "YouzanLookupdHTTP", "ACCEPT_V1"]
 

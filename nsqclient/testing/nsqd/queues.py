@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..protocol import FRAME_TYPE_MESSAGE
+from ...protocol import FRAME_TYPE_MESSAGE
 from .options import NSQDOptions
 
 __all__ = [

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from ..protocol import FRAME_TYPE_MESSAGE
+from ...protocol import FRAME_TYPE_MESSAGE
 
 __all__ = [
     "YSubscriber",

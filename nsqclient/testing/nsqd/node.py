@@ -3,9 +3,9 @@ and the scheduling that pumps channels and flushes client output once per event-
 
 Everything runs on one asyncio event loop (the cluster's thread) and is never touched from
 another thread.  The rooms it is built from: :mod:`.options` (flags), :mod:`.ids` (message
-ids), :mod:`.queues` (topics and channels), :mod:`.protocol_v2` (one TCP client),
+ids), :mod:`.queues` (topics and channels), :mod:`.client` (one TCP client),
 :mod:`.auth` (the auth server), :mod:`.lookup_peer` (registering with an nsqlookupd),
-:mod:`.nsqd_http` (the HTTP API).
+:mod:`.http_api` (the HTTP API).
 
 A node that is stopped and started again (``NSQD.stop()`` / ``NSQD.start()``) keeps its
 non-ephemeral topics, channels, pause flags and undelivered messages, as a real nsqd with a data
@@ -24,16 +24,16 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Protocol
 
+from ..gostyle.text import VERSION
+from ..http.client import http_get_json
+from ..http.server import HTTPServerProtocol
+from ..nodes import Listeners
 from . import datapath
-from .gostyle import VERSION
-from .httpclient import http_get_json
-from .httpserver import HTTPServerProtocol
+from .client import ClientConn
+from .http_api import NSQDHTTP
 from .ids import GUIDFactory
 from .lookup_peer import LookupPeer
-from .nodes import Listeners
-from .nsqd_http import NSQDHTTP
 from .options import NSQDOptions, build_ssl_context
-from .protocol_v2 import ClientConn
 from .queues import Channel, Message, Topic
 from .writes import WriteSplitter
 

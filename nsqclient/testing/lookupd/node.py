@@ -1,6 +1,7 @@
 """The embedded nsqlookupd (1.3.0): its listeners and lifecycle.  The registration database is
-in :mod:`.lookupd_db`, the TCP protocol nsqd nodes speak in :mod:`.lookupd_tcp`, the HTTP API
-in :mod:`.lookupd_http`; an nsqd's side of the TCP protocol is :mod:`.lookup_peer`.
+in :mod:`.db`, the TCP protocol nsqd nodes speak in :mod:`.tcp`, the HTTP API in
+:mod:`.http_api`; an nsqd's side of the TCP protocol is
+:mod:`nsqclient.testing.nsqd.lookup_peer`.
 """
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .httpserver import HTTPServerProtocol, Router
-from .lookupd_db import RegistrationDB
-from .lookupd_http import LookupdHTTP
-from .lookupd_tcp import LookupConn
-from .nodes import Listeners
+from ..http.server import HTTPServerProtocol, Router
+from ..nodes import Listeners
+from .db import RegistrationDB
+from .http_api import LookupdHTTP
+from .tcp import LookupConn
 
 __all__ = ["Lookupd", "LookupdListeners", "RegistrationDB"]
 

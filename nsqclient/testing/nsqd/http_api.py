@@ -15,12 +15,12 @@ import sys
 import time
 from typing import Any, Protocol
 
-from ..protocol import valid_channel_name, valid_topic_name
-from .gostyle import JSON_CONTENT_TYPE, NSQ_V1, VERSION, go_duration, v1_error, v1_response
-from .httpserver import QueryError, Request, Response, Router, parse_query
+from ...protocol import valid_channel_name, valid_topic_name
+from ..gostyle.text import JSON_CONTENT_TYPE, NSQ_V1, VERSION, go_duration, v1_error, v1_response
+from ..http.server import QueryError, Request, Response, Router, parse_query
+from .client import ClientConn
 from .ids import GUIDFactory
 from .options import NSQDOptions
-from .protocol_v2 import ClientConn
 from .queues import Channel, Message, Topic
 
 __all__ = ["NSQDHTTP", "NodeAPI"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from ..protocol import valid_channel_name, valid_topic_name
-from .gostyle import JSON_CONTENT_TYPE, NSQ_V1, VERSION, go_json
-from .httpserver import QueryError, Request, Response, Router, parse_query
-from .lookupd_db import RegistrationDB, active
+from ...protocol import valid_channel_name, valid_topic_name
+from ..gostyle.text import JSON_CONTENT_TYPE, NSQ_V1, VERSION, go_json
+from ..http.server import QueryError, Request, Response, Router, parse_query
+from .db import RegistrationDB, active
 
 __all__ = ["LookupdHTTP", "Directory"]
 
