@@ -43,7 +43,8 @@ from .errors import (
 )
 from .message import Message, RequeueMessage, claim_all
 from .observe import ObserverSet, tell
-from .rdy import ConnView, is_starved, needs_refill, rdy_targets
+from .rdy import is_starved, needs_refill
+from .rdy_balancer import ConnInfo, RdyBalancer, conn_views, send_rdy
 
 __all__ = ["Consumer", "ConnectionCounts"]
 
@@ -71,19 +72,6 @@ class ConnectionCounts(NamedTuple):
     in_flight: int
     #: of those, messages waiting for a handler worker, or for take() (pull mode)
     queued: int
-
-
-class _ConnInfo:
-    """The consumer's bookkeeping for one connection (guarded by Consumer._lock)."""
-
-    __slots__ = ("conn", "remaining", "rdy_since", "waiting_since", "first_message")
-
-    def __init__(self, conn: Connection, now: float):
-        self.conn = conn
-        self.remaining = 0
-        self.rdy_since: float | None = None
-        self.waiting_since = now
-        self.first_message = True
 
 
 class _Delegate:
@@ -231,11 +219,10 @@ class Consumer:
         #: the error that stopped the consumer for good (see error)
         self._error: NSQError | None = None
         self.giving_up = giving_up
-        self._max_in_flight = self.config.max_in_flight
         self._max_tries = self.config.max_tries
 
         self._lock = threading.RLock()
-        self._conns: dict[str, _ConnInfo] = {}
+        self._conns: dict[str, ConnInfo] = {}
         # Messages waiting for a handler worker, oldest first.  The reader appends a whole
         # socket read's worth under _work_cond; workers pop one at a time without it and
         # wait on it only when the deque is empty.
@@ -243,7 +230,6 @@ class Consumer:
         self._work_cond = threading.Condition(threading.Lock())
         self._idle_workers = 0
         self._workers_exit = False
-        self._rdy_wake = threading.Event()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_requested = threading.Event()
@@ -254,7 +240,6 @@ class Consumer:
         self._started = False
         #: set once start() has started every thread (a hook may call stop() before that)
         self._all_started = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
         #: per worker: is it running a handler (each slot written only by its worker)
         self._busy: list[bool] = []
@@ -265,6 +250,10 @@ class Consumer:
             self.config.max_backoff_duration,
             self.config.backoff_strategy,
         )
+        self._rdy = RdyBalancer(
+            self.config, self._conns, self._lock, self._backoff, f"{self.topic}/{self.channel}"
+        )
+        self._rdy_wake = self._rdy.wake
         self._stats = {
             "received": 0,
             "finished": 0,
@@ -317,16 +306,12 @@ class Consumer:
                 target=self._work_loop, args=(i,), name=f"nsq-worker-{tag}-{i}", daemon=True
             )
             self._workers.append(t)
-        self._threads = [
-            threading.Thread(target=self._rdy_loop, name=f"nsq-rdy-{tag}", daemon=True),
-        ]
         for t in self._workers:
             t.start()
         self._discovery.start()
-        for t in self._threads:
-            t.start()
+        self._rdy.start()
         self._all_started.set()
-        if self._max_in_flight == 0:
+        if self._rdy.max_in_flight == 0:
             logger.warning(
                 "%s/%s: max_in_flight is 0, so the consumer is paused (RDY 0 everywhere) and"
                 " receives nothing until set_max_in_flight() gives it a positive count",
@@ -390,6 +375,7 @@ class Consumer:
         waited for), and from several threads at once (one stops, the others wait for it)."""
         self._stop_requested.set()
         self._discovery.stop()
+        self._rdy.stop()
         self._stopping.set()
         deadline = time.monotonic() + timeout
         if not self._stop_lock.acquire(timeout=max(timeout, 0.0)):
@@ -404,11 +390,8 @@ class Consumer:
         current = threading.current_thread()
         if self._started:
             self._all_started.wait(max(deadline - time.monotonic(), 0.1))
-        self._rdy_wake.set()
         self._discovery.join(deadline)
-        for t in self._threads:
-            if t is not current:
-                t.join(max(deadline - time.monotonic(), 0.1))
+        self._rdy.join(deadline)
         with self._lock:
             infos = list(self._conns.values())
         closing = []
@@ -531,7 +514,7 @@ class Consumer:
         with self._lock:
             if self._stopping.is_set() or conn.is_closed:
                 return False
-            self._conns[conn.key] = _ConnInfo(conn, time.monotonic())
+            self._conns[conn.key] = ConnInfo(conn, time.monotonic())
         return True
 
     def _connection_made(self, key: str) -> None:
@@ -558,14 +541,14 @@ class Consumer:
 
     @property
     def max_in_flight(self) -> int:
-        return self._max_in_flight
+        return self._rdy.max_in_flight
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change ``max_in_flight``; 0 pauses (RDY 0 everywhere), a positive value resumes."""
         value = check_int(max_in_flight, "max_in_flight", "messages", min=0)
-        if (value == 0) != (self._max_in_flight == 0):
+        if (value == 0) != (self._rdy.max_in_flight == 0):
             logger.info("%s/%s: %s", self.topic, self.channel, "paused" if not value else "resumed")
-        self._max_in_flight = value
+        self._rdy.max_in_flight = value
         self._rdy_wake.set()
 
     def is_starved(self, threshold: float = 0.85) -> bool:
@@ -576,7 +559,7 @@ class Consumer:
         Messages still waiting for a handler worker, or for :meth:`take`, do not count."""
         check_float(threshold, "threshold", "", min=0)
         with self._lock:
-            return is_starved(self._views(time.monotonic()), threshold)
+            return is_starved(conn_views(self._conns), threshold)
 
     def stats(self) -> dict[str, Any]:
         """Counters (received, finished, requeued, given_up, timed_out_locally,
@@ -584,7 +567,7 @@ class Consumer:
         with self._lock:
             out: dict[str, Any] = dict(self._stats)
             out["backoff_level"] = self._backoff.level
-            out["max_in_flight"] = self._max_in_flight
+            out["max_in_flight"] = self._rdy.max_in_flight
             out["connections"] = {a: i.conn.stats() for a, i in self._conns.items()}
         return out
 
@@ -800,9 +783,9 @@ class Consumer:
                 mode = BackoffMode.NORMAL if self._backoff.level == 0 else self._backoff.mode(now)
                 if mode is BackoffMode.TESTING:
                     # One message per test window: take the RDY back until its result is in.
-                    self._send_rdy(info, 0)
+                    send_rdy(info, 0)
                 elif mode is BackoffMode.NORMAL and needs_refill(info.remaining, conn.rdy):
-                    self._send_rdy(info, conn.rdy)
+                    send_rdy(info, conn.rdy)
                 if info.first_message:
                     info.first_message = False
                     self._rdy_wake.set()
@@ -838,81 +821,6 @@ class Consumer:
             del self._conns[conn.key]
         self._discovery.lost(conn.key, reason)
         self._rdy_wake.set()
-
-    # ================================================================ RDY
-
-    def _views(self, now: float) -> list[ConnView]:
-        return [
-            ConnView(
-                address=a,
-                rdy=i.conn.rdy,
-                max_rdy_count=i.conn.max_rdy_count,
-                in_flight=i.conn.in_flight,
-                queued=i.conn.queued,
-                last_message_at=None if i.first_message else i.conn.last_message_at,
-                rdy_since=i.rdy_since,
-                waiting_since=i.waiting_since,
-            )
-            for a, i in self._conns.items()
-        ]
-
-    def _send_rdy(self, info: _ConnInfo, count: int) -> None:
-        conn = info.conn
-        now = time.monotonic()
-        if count > 0 and conn.rdy == 0:
-            info.rdy_since = now
-        elif count == 0 and conn.rdy > 0:
-            info.rdy_since = None
-            info.waiting_since = now
-        conn.rdy = count
-        info.remaining = count
-        conn.last_rdy_at = now
-        try:
-            conn.send(protocol.rdy(count))
-        except NSQError:
-            pass  # closed: on_close cleans up
-
-    def _rebalance(self) -> float:
-        """Apply the RDY policy once; return seconds until it should run again."""
-        cfg = self.config
-        now = time.monotonic()
-        with self._lock:
-            if self._stopping.is_set():
-                targets = {a: 0 for a in self._conns}
-                mode = BackoffMode.PAUSED
-            else:
-                mode = self._backoff.mode(now)
-                targets = rdy_targets(
-                    self._views(now),
-                    self._max_in_flight,
-                    now,
-                    mode,
-                    cfg.low_rdy_idle_timeout,
-                    cfg.low_rdy_timeout,
-                )
-            # Lower first, so that the sum of RDY never exceeds max_in_flight.
-            changes = sorted(
-                ((n, a) for a, n in targets.items() if self._conns[a].conn.rdy != n),
-                key=lambda item: item[0] - self._conns[item[1]].conn.rdy,
-            )
-            for count, address in changes:
-                self._send_rdy(self._conns[address], count)
-        wait = cfg.rdy_redistribute_interval
-        if mode is BackoffMode.PAUSED and self._backoff.until:
-            wait = min(wait, max(self._backoff.until - now, 0.0))
-        return wait
-
-    def _rdy_loop(self) -> None:
-        while True:
-            try:
-                wait = self._rebalance()
-            except Exception:
-                logger.exception("unexpected error balancing RDY; it goes on")
-                wait = self.config.rdy_redistribute_interval
-            if self._stopping.is_set():
-                return
-            if self._rdy_wake.wait(wait):
-                self._rdy_wake.clear()
 
     # ================================================================ handlers
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from nsqclient import consumer as consumer_module
 from nsqclient import discovery as discovery_module
+from nsqclient import rdy_balancer as rdy_balancer_module
 from nsqclient.message import Message
 from nsqclient.testing.helpers import channel_stats, publish, wait_drained
 from nsqclient.testing.waiting import wait_for
@@ -83,7 +83,7 @@ def test_an_unexpected_error_in_the_rdy_loop_is_logged_and_it_goes_on(
     nsqd, consumers, monkeypatch, caplog
 ):
     node = nsqd.nsqd
-    original = consumer_module.rdy_targets
+    original = rdy_balancer_module.rdy_targets
     calls = {"n": 0}
 
     def rdy_targets(*args: Any, **kwargs: Any) -> Any:
@@ -92,7 +92,7 @@ def test_an_unexpected_error_in_the_rdy_loop_is_logged_and_it_goes_on(
             raise RuntimeError("rdy bug")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(consumer_module, "rdy_targets", rdy_targets)
+    monkeypatch.setattr(rdy_balancer_module, "rdy_targets", rdy_targets)
     got: list[bytes] = []
     consumers(
         "c_rdy_err",
