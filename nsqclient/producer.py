@@ -49,8 +49,15 @@ from .lookup import LookupdPool
 from .observe import ObserverSet, PublishEvent, tell
 from .outer import OuterFutures
 from .partitions import key_bytes
+from .publishes import (
+    PublishResult,
+    check_not_partitioned,
+    dpub_builder,
+    mpub_builder,
+    pub_builder,
+)
 from .router import Router
-from .routing import PublishResult, RoutedPublishing
+from .routing import RoutedPublishing
 from .undelivered import Ledger, undelivered_error
 
 __all__ = ["Producer", "PublishResult"]
@@ -208,7 +215,9 @@ class Producer(RoutedPublishing):
         if self._classic(partition, key, trace_id, ext):
             self._publish(self._pub_command(topic, body), timeout)
             return None
-        build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
+        build, traced = pub_builder(
+            self._router, self._tracing, topic, body, partition, trace_id, ext
+        )
         return self._publish_routed(topic, build, traced, timeout, partition, key)
 
     def mpub(
@@ -231,7 +240,9 @@ class Producer(RoutedPublishing):
         if self._classic(partition, key, trace_id, ext):
             self._publish(protocol.mpub(topic, bodies), timeout)
             return None
-        build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
+        build, traced = mpub_builder(
+            self._router, self._tracing, topic, bodies, partition, trace_id, ext
+        )
         return self._publish_routed(topic, build, traced, timeout, partition, key)
 
     def dpub(
@@ -248,7 +259,7 @@ class Producer(RoutedPublishing):
         if self._router is None:
             self._publish(command, timeout)
             return
-        self._check_not_partitioned(topic)
+        check_not_partitioned(self._router, topic)
         self._publish_routed(topic, lambda p: command, False, timeout, None, None)
 
     def pub_async(
@@ -277,7 +288,9 @@ class Producer(RoutedPublishing):
                                   key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             return self._submit_async(self._pub_command(topic, body))
-        build, traced = self._pub_builder(topic, body, partition, trace_id, ext)
+        build, traced = pub_builder(
+            self._router, self._tracing, topic, body, partition, trace_id, ext
+        )
         return self._submit_routed(topic, build, traced, partition, key)
 
     def mpub_async(
@@ -297,7 +310,9 @@ class Producer(RoutedPublishing):
                                   partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             return self._submit_async(protocol.mpub(topic, bodies))
-        build, traced = self._mpub_builder(topic, bodies, partition, trace_id, ext)
+        build, traced = mpub_builder(
+            self._router, self._tracing, topic, bodies, partition, trace_id, ext
+        )
         return self._submit_routed(topic, build, traced, partition, key)
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
@@ -309,14 +324,9 @@ class Producer(RoutedPublishing):
         command = protocol.dpub(topic, _delay_ms(delay), body)
         if self._router is None:
             return self._submit_async(command)
-        return self._submit_routed(topic, self._dpub_builder(topic, command), False, None, None)
-
-    def _dpub_builder(self, topic: str, command: bytes) -> Callable[[int | None], bytes]:
-        def build(p: int | None) -> bytes:
-            self._check_not_partitioned(topic)  # the route is cached by now
-            return command
-
-        return build
+        return self._submit_routed(
+            topic, dpub_builder(self._router, topic, command), False, None, None
+        )
 
     # ---------------------------------------------------------------- observers
 
@@ -356,13 +366,14 @@ class Producer(RoutedPublishing):
             wire = protocol.dpub(topic, _delay_ms(delay), payload)  # type: ignore[arg-type]
             if self._router is not None:
                 if not asynchronous:
-                    self._check_not_partitioned(topic)
-                build = self._dpub_builder(topic, wire)
+                    check_not_partitioned(self._router, topic)
+                build = dpub_builder(self._router, topic, wire)
         elif self._classic(partition, key, trace_id, ext):
             wire = protocol.mpub(topic, payload) if batch else self._pub_command(topic, payload)
         else:
-            builder = self._mpub_builder if batch else self._pub_builder
-            build, traced = builder(topic, payload, partition, trace_id, ext)
+            builder = mpub_builder if batch else pub_builder
+            build, traced = builder(self._router, self._tracing, topic, payload, partition,
+                                    trace_id, ext)  # fmt: skip
         event = PublishEvent(
             self,
             command,
@@ -378,8 +389,9 @@ class Producer(RoutedPublishing):
         )  # fmt: skip
         tell(observers, "publish_started", event)
         if event.ext is not ext and event.extendable:
-            builder = self._mpub_builder if batch else self._pub_builder
-            build, traced = builder(topic, payload, partition, trace_id, event.ext)
+            builder = mpub_builder if batch else pub_builder
+            build, traced = builder(self._router, self._tracing, topic, payload, partition,
+                                    trace_id, event.ext)  # fmt: skip
         try:
             if asynchronous:
                 if build is None:

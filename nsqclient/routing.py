@@ -14,16 +14,13 @@ the state it works on is the Producer's, annotated here).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from . import protocol
-from .checks import check_int
 from .config import Config
 from .errors import (
     ConnectionClosedError,
@@ -36,6 +33,7 @@ from .errors import (
 )
 from .observe import PublishEvent
 from .partitions import key_bytes
+from .publishes import Build, PublishResult, traced_result
 from .router import Router
 
 if TYPE_CHECKING:
@@ -43,39 +41,13 @@ if TYPE_CHECKING:
     from .endpoint import Endpoint
     from .outer import OuterFutures
 
-__all__ = ["PublishResult", "RoutedPublishing", "TRACE_ID_KEY"]
+__all__ = ["RoutedPublishing"]
 
 logger = logging.getLogger("nsqclient.producer")
 trace_logger = logging.getLogger("nsqclient.trace")
 
 #: youzan's answers that mean "lookup is stale": refresh the route and try again
 _STALE_ROUTE = (FailedOnNotLeaderError, FailedOnNotWritableError, TopicNotExistError)
-
-#: Builds a publish command for a partition (None: no partition on the wire).
-_Build = Callable[[int | None], bytes]
-
-
-@dataclasses.dataclass(frozen=True)
-class PublishResult:
-    """youzan's answer to a traced publish (``PUB_TRACE``/``MPUB_TRACE``).
-
-    Attributes:
-        message_id: nsqd's internal id of the message (an MPUB: of its first message); the
-            partition is in its top bits (``partition << 50``).
-        trace_id: the trace id sent (MPUB_TRACE answers 0).
-        offset: where the message starts in the partition's disk queue, bytes.
-        raw_size: bytes it takes there (an MPUB: the whole batch); the next message of the
-            partition starts at ``offset + raw_size``.
-        partition: the partition it went to (None when none was named on the wire).
-        nsqd_address: ``"host:port"`` of the nsqd that stored it ("" when not known).
-    """
-
-    message_id: int
-    trace_id: int
-    offset: int
-    raw_size: int
-    partition: int | None
-    nsqd_address: str
 
 
 class RoutedPublishing:
@@ -84,7 +56,6 @@ class RoutedPublishing:
     # The Producer's state and methods these use, set up by Producer.__init__.
     config: Config
     _router: Router | None
-    _tracing: bool
     _closed: bool
     _backlog: Backlog
     _publish: Callable[..., bytes]
@@ -94,104 +65,6 @@ class RoutedPublishing:
     _submit_until: Callable[..., Future]
     _slot: Callable[[str], Endpoint]
     _outers: OuterFutures
-
-    def _pub_builder(
-        self,
-        topic: str,
-        body: bytes | str,
-        partition: int | None,
-        trace_id: int | None,
-        ext: dict[str, Any] | None,
-    ) -> tuple[_Build, bool]:
-        """The command builder of one PUB-like publish, and whether it is traced.  The command
-        is checked here; ext headers are checked against the topic's route by the builder,
-        once the publish has its route (see :meth:`_checking_ext`)."""
-        traced = trace_id is not None or self._tracing
-        build: _Build
-        if ext is not None:
-            ext = _traced_header(ext, (trace_id or 0) if traced else None)
-
-            def build(p: int | None) -> bytes:
-                return protocol.pub_ext(topic, protocol.to_bytes(body), ext, p)
-
-        elif traced:
-            tid = 0 if trace_id is None else trace_id
-
-            def build(p: int | None) -> bytes:
-                return protocol.pub_trace(topic, protocol.to_bytes(body), tid, p)
-
-        else:
-
-            def build(p: int | None) -> bytes:
-                return protocol.pub(topic, body, p)
-
-        build(partition)  # bad topic, body, partition or ext raise here
-        return self._checking_ext(topic, ext, build), traced
-
-    def _mpub_builder(
-        self,
-        topic: str,
-        bodies: Sequence[bytes | str],
-        partition: int | None,
-        trace_id: int | Sequence[int] | None,
-        ext: dict[str, Any] | None,
-    ) -> tuple[_Build, bool]:
-        """:meth:`_pub_builder` for MPUB and its traced and extended forms."""
-        traced = trace_id is not None or self._tracing
-        if traced and ext is not None and not (trace_id is None or isinstance(trace_id, int)):
-            raise ValueError("an MPUB with ext headers takes one trace id for every message")
-        protocol.check_body_list(bodies, "MPUB")
-        items = [protocol.to_bytes(b) for b in bodies]
-        build: _Build
-        if ext is not None:
-            tid = (trace_id or 0) if traced else None
-            exts = [_traced_header(ext, tid)] * len(items)  # type: ignore[arg-type]
-
-            def build(p: int | None) -> bytes:
-                return protocol.mpub_ext(topic, items, exts, p)
-
-        elif traced:
-            if trace_id is None or isinstance(trace_id, int):
-                ids = [trace_id or 0] * len(items)
-            else:
-                ids = list(trace_id)
-
-            def build(p: int | None) -> bytes:
-                return protocol.mpub_trace(topic, items, ids, p)
-
-        else:
-
-            def build(p: int | None) -> bytes:
-                return protocol.mpub(topic, items, p)
-
-        build(partition)
-        return self._checking_ext(topic, ext, build), traced
-
-    def _checking_ext(self, topic: str, ext: dict[str, Any] | None, build: _Build) -> _Build:
-        """``build``, first checking that the topic takes ext headers, when there are some:
-        youzan's nsqd answers others with an error, and an MPUB_EXT refused midway leaves the
-        stream unusable.  A builder runs once the publish has its route (it is cached)."""
-        if ext is None or self._router is None:
-            return build
-        router = self._router
-
-        def checked(p: int | None) -> bytes:
-            route = router.route(topic)
-            if route.partitioned and not route.extend_support:
-                raise ValueError(
-                    f"topic {topic!r} was not created with extend support: publish it without ext="
-                )
-            return build(p)
-
-        return checked
-
-    def _check_not_partitioned(self, topic: str) -> None:
-        assert self._router is not None
-        if self._router.route(protocol.check_topic_name(topic)).partitioned:
-            raise ValueError(
-                f"topic {topic!r} is partitioned (youzan's NSQ), which has no deferred publish"
-                " (DPUB)"
-            )
 
     def _target(
         self, topic: str, partition: int | None, key: bytes | str | int | None
@@ -238,7 +111,7 @@ class RoutedPublishing:
     def _publish_routed(
         self,
         topic: str,
-        build: _Build,
+        build: Build,
         traced: bool,
         timeout: float | None,
         partition: int | None,
@@ -282,42 +155,12 @@ class RoutedPublishing:
             if not traced:
                 return None
             address = slots[0].address if slots else ""
-            return self._traced(topic, p, address, reply, started)
-
-    def _traced(
-        self, topic: str, partition: int | None, address: str, reply: bytes, started: float
-    ) -> PublishResult | None:
-        if reply == protocol.OK:
-            # youzan answers an MPUB_EXT whose headers carry trace ids with a plain OK
-            trace_logger.info("traced publish to %s answered a plain OK (no ids)", topic)
-            return None
-        decoded = protocol.decode_trace_reply(reply)
-        result = PublishResult(
-            decoded.internal_id,
-            decoded.trace_id,
-            decoded.offset,
-            decoded.raw_size,
-            partition,
-            address,
-        )
-        trace_logger.info(
-            "PUB_TRACE topic=%s partition=%s nsqd=%s message_id=%d trace_id=%d offset=%d"
-            " raw_size=%d elapsed_ms=%.2f",
-            topic,
-            partition,
-            address,
-            result.message_id,
-            result.trace_id,
-            result.offset,
-            result.raw_size,
-            (time.monotonic() - started) * 1000,
-        )
-        return result
+            return traced_result(topic, p, address, reply, started)
 
     def _submit_routed(
         self,
         topic: str,
-        build: _Build,
+        build: Build,
         traced: bool,
         partition: int | None,
         key: bytes | str | int | None,
@@ -390,7 +233,7 @@ class RoutedPublishing:
             elif traced:
                 try:
                     self._outers.settle(
-                        outer, self._traced(topic, p, address, inner.result(), started)
+                        outer, traced_result(topic, p, address, inner.result(), started)
                     )
                 except Exception as error:
                     self._outers.settle(outer, error=error)
@@ -441,16 +284,3 @@ def _leader_gone(exc: BaseException) -> bool:
     if isinstance(exc, NoRouteError):
         return exc.retryable
     return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
-
-
-#: the key of a youzan message header that carries the trace id (a decimal string)
-TRACE_ID_KEY = "##trace_id"
-
-
-def _traced_header(ext: dict[str, Any], trace_id: int | None) -> dict[str, Any]:
-    """``ext`` with the trace id in it (youzan traces PUB_EXT through its header)."""
-    if not isinstance(ext, dict):
-        raise TypeError(f"ext must be a dict of JSON headers, not {type(ext).__name__}")
-    if trace_id is None:
-        return ext
-    return {**ext, TRACE_ID_KEY: str(check_int(trace_id, "trace id", min=0, max=2**64 - 1))}
