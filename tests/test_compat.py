@@ -382,7 +382,7 @@ def test_close_from_inside_a_handler(nsqd):
     )
     reader.start()
     assert handled.wait(10)
-    reader._join_closer(30)
+    reader.wait_closed(30)
     assert not reader.consumer.is_running
     assert reader not in compat._registry.snapshot()[0]
     wait_for(lambda: drained(nsqd, "selfclose", "c"))

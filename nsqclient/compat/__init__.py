@@ -72,6 +72,7 @@ import atexit
 import functools
 import inspect
 import logging
+import math
 import queue
 import random
 import signal
@@ -81,7 +82,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar, Protocol, cast
 
 from .. import protocol
 from ..addresses import lookupd_addresses, nsqd_addresses
@@ -310,13 +311,32 @@ def _translate_kwargs(kwargs: dict[str, Any], owner: str) -> dict[str, Any]:
 # ============================================================================ registry
 
 
+class RunClient(Protocol):
+    """What :func:`run` and its registry need of a Reader or a Writer."""
+
+    #: ``"reader"``: :func:`run` starts it and calls its ``tick()``; ``"writer"``: it is only
+    #: closed when :func:`run` ends
+    run_role: ClassVar[str]
+    name: str
+
+    def close(self, timeout: float = ...) -> None: ...
+
+
+class RunReader(RunClient, Protocol):
+    """What :func:`run` needs of a Reader (``run_role == "reader"``)."""
+
+    def tick(self) -> float: ...
+
+    def wait_closed(self, timeout: float) -> None: ...
+
+
 class _Registry:
     """Every live Reader and Writer, and the state of :func:`run`."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.readers: list[Reader] = []
-        self.writers: list[Writer] = []
+        self.readers: list[RunReader] = []
+        self.writers: list[RunClient] = []
         self.running = False
         self.stop_requested = threading.Event()
         self.wake = threading.Event()
@@ -324,26 +344,25 @@ class _Registry:
         #: the tornado IOLoop's bridge while run() runs one (see nsqclient.tornado_bridge)
         self.bridge: LoopBridge | None = None
 
-    def add(self, client: Reader | Writer) -> None:
+    def add(self, client: RunClient) -> None:
+        reader = client.run_role == "reader"
         with self.lock:
-            if isinstance(client, Reader):
-                self.readers.append(client)
+            if reader:
+                self.readers.append(cast(RunReader, client))
             else:
                 self.writers.append(client)
         self.wake.set()
         bridge = self.bridge
-        if bridge is not None and isinstance(client, Reader):
+        if bridge is not None and reader:
             bridge.call_soon(_tick)
 
-    def remove(self, client: Reader | Writer) -> None:
+    def remove(self, client: RunClient) -> None:
         with self.lock:
-            if isinstance(client, Reader):
-                if client in self.readers:
-                    self.readers.remove(client)
-            elif client in self.writers:
-                self.writers.remove(client)
+            clients: list[Any] = self.readers if client.run_role == "reader" else self.writers
+            if client in clients:
+                clients.remove(client)
 
-    def snapshot(self) -> tuple[list[Reader], list[Writer]]:
+    def snapshot(self) -> tuple[list[RunReader], list[RunClient]]:
         with self.lock:
             return list(self.readers), list(self.writers)
 
@@ -414,11 +433,7 @@ def _start_and_poll() -> float:
     readers, _ = _registry.snapshot()
     wait = 0.5
     for reader in readers:
-        if not reader._started and not reader._closed:
-            reader.start()
-        if _overrides(type(reader), "disabled"):
-            reader._poll_disabled()
-            wait = min(wait, reader.disabled_poll_interval)
+        wait = min(wait, reader.tick())
     return wait
 
 
@@ -496,7 +511,7 @@ def _shutdown(timeout: float = 30.0) -> None:
         if t.is_alive():
             logger.warning("%s did not finish within %.0fs", t.name, timeout + 5.0)
     for reader in readers:
-        reader._join_closer(timeout)
+        reader.wait_closed(timeout)
     for writer in writers:
         writer.close()
 
@@ -534,6 +549,8 @@ class Reader(metaclass=_Registered):
 
     #: seconds between two calls of an overridden :meth:`disabled` while :func:`run` runs
     disabled_poll_interval = 15.0
+    #: what :func:`run` does with it: start it, call :meth:`tick`, close it when it ends
+    run_role: ClassVar[str] = "reader"
 
     def __init__(
         self,
@@ -665,10 +682,23 @@ class Reader(metaclass=_Registered):
             return
         self._consumer.stop(timeout)
 
-    def _join_closer(self, timeout: float) -> None:
+    def wait_closed(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a :meth:`close` called from a handler (which
+        stops the Reader on another thread) to finish (not pynsq API)."""
         closer = self._closer
         if closer is not None and closer is not threading.current_thread():
             closer.join(timeout)
+
+    def tick(self) -> float:
+        """One turn of :func:`run`'s loop for this Reader (not pynsq API): start it unless it
+        is started or closed, apply an overridden :meth:`disabled`; return the seconds until
+        it needs the next turn (``inf``: never)."""
+        if not self._started and not self._closed:
+            self.start()
+        if not _overrides(type(self), "disabled"):
+            return math.inf
+        self._poll_disabled()
+        return self.disabled_poll_interval
 
     @property
     def consumer(self) -> Consumer:
@@ -878,10 +908,9 @@ class Reader(metaclass=_Registered):
 
 
 def _overrides(cls: type, name: str) -> bool:
-    """True when ``cls`` replaces Reader's or Writer's ``name``."""
+    """True when ``cls`` replaces Reader's ``name``."""
     mine = getattr(cls, name)
-    base = Reader if issubclass(cls, Reader) else Writer
-    theirs = getattr(base, name)
+    theirs = getattr(Reader, name)
     return getattr(mine, "__func__", mine) is not getattr(theirs, "__func__", theirs)
 
 
@@ -967,6 +996,9 @@ class Writer(metaclass=_Registered):
     was in flight) is never resent, as in pynsq: its callback gets the ConnectionClosedError.
     ``pub_retries`` is therefore refused here (TypeError); use :class:`Producer` for it.
     """
+
+    #: what :func:`run` does with it: close it when it ends
+    run_role: ClassVar[str] = "writer"
 
     def __init__(
         self,
