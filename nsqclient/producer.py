@@ -34,6 +34,7 @@ from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
 from .answers import failure_of, wait_answered
 from .backlog import Backlog
+from .bylookup import RoutedPublishing
 from .checks import check_float
 from .config import Config, check_owner
 from .conn import AnyFuture, Connection, RequestFuture, Waiter
@@ -57,7 +58,6 @@ from .publishes import (
     pub_builder,
 )
 from .router import Router
-from .routing import RoutedPublishing
 from .undelivered import Ledger, undelivered_error
 
 __all__ = ["Producer", "PublishResult"]
