@@ -12,15 +12,9 @@ import pytest
 import snappy
 
 from nsqclient import protocol
+from nsqclient.testing.gostyle.flags import FlagError, go_duration_seconds, parse_go_flags
 from nsqclient.testing.nsqd.writes import Output, WriteSplitter, snappy_writes
-from nsqclient.testing.scripts import (
-    NSQD_FLAGS,
-    NSQLOOKUPD_FLAGS,
-    FlagError,
-    go_duration_seconds,
-    nsqd_options,
-    parse_go_flags,
-)
+from nsqclient.testing.scripts import NSQD_FLAGS, NSQLOOKUPD_FLAGS, nsqd_options
 
 OK_FRAME = protocol.encode_frame(protocol.FRAME_TYPE_RESPONSE, b"OK")
 

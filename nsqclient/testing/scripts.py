@@ -1,7 +1,9 @@
-"""The embedded servers as stand-ins for the real binaries: ``nsqclient-nsqd`` and
-``nsqclient-nsqlookupd`` (also ``python -m nsqclient.testing nsqd ...`` / ``... nsqlookupd ...``).
+"""The embedded servers as stand-ins for the real binaries: the console scripts ``nsqclient-nsqd``
+and ``nsqclient-nsqlookupd`` (also ``python -m nsqclient.testing nsqd ...`` / ``... nsqlookupd
+...``): each server's flag table, the options it makes of them, and a main that runs the server.
 
-Each takes the real binary's flags with their meanings and units, in Go's flag syntax: ``-flag``
+Each takes the real binary's flags with their meanings and units, in Go's flag syntax (read by
+:mod:`.gostyle.flags`): ``-flag``
 or ``--flag``, ``-flag=value`` or ``-flag value`` (booleans only as ``-flag`` or
 ``-flag=false``), durations as Go writes them (``60s``, ``1m30s``, ``250ms``), repeatable flags
 given several times.  A duration may also be a plain number of seconds (``60``), which the real
@@ -18,29 +20,26 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
-from ..durations import parse_duration
+from .gostyle.flags import (
+    Flag,
+    FlagError,
+    go_bool,
+    go_duration_seconds,
+    go_int,
+    parse_go_flags,
+    usage,
+)
 from .gostyle.text import VERSION
 from .lookupd.node import Lookupd
 from .nsqd.node import NSQD
 from .nsqd.options import NSQDOptions
 
-__all__ = [
-    "nsqd_main",
-    "nsqlookupd_main",
-    "parse_go_flags",
-    "FlagError",
-    "NSQD_FLAGS",
-    "NSQLOOKUPD_FLAGS",
-    "go_duration_seconds",
-]
+__all__ = ["nsqd_main", "nsqlookupd_main", "nsqd_options", "NSQD_FLAGS", "NSQLOOKUPD_FLAGS"]
 
 log = logging.getLogger("nsqclient.testing.cli")
 
-_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 _LOG_LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -50,33 +49,10 @@ _LOG_LEVELS = {
 }
 
 
-class FlagError(ValueError):
-    """A command line Go's flag package would refuse (exit status 2)."""
-
-
-def go_duration_seconds(text: str) -> float:
-    """Seconds in a duration flag: Go's form (``time.ParseDuration``: ``1h2m3.5s``, ``250ms``,
-    ``0``) or a plain number of seconds (``60``, ``0.5``), which nsqd itself refuses.  The CLI's
-    parser (:func:`nsqclient.cli.durations.parse_duration`), so the two read flags alike."""
-    return parse_duration(text)
-
-
-def _go_bool(text: str) -> bool:
-    if text in _GO_TRUE:
-        return True
-    if text in _GO_FALSE:
-        return False
-    raise ValueError(f"invalid boolean {text!r}")
-
-
-def _go_int(text: str) -> int:
-    return int(text, 0)  # strconv.ParseInt(text, 0, 64): 0x.., 0o.., 0b.. prefixes
-
-
 def _tls_required(text: str) -> int:
     if text == "tcp-https":
         return 1
-    return 2 if _go_bool(text) else 0
+    return 2 if go_bool(text) else 0
 
 
 def _log_level(text: str) -> str:
@@ -85,24 +61,8 @@ def _log_level(text: str) -> str:
     return text.lower()
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One command-line flag: its name, how its value parses, its default and its meaning."""
-
-    name: str
-    parse: Callable[[str], Any]
-    default: Any
-    help: str
-    is_bool: bool = False
-    repeated: bool = False
-
-    @property
-    def dest(self) -> str:
-        return self.name.replace("-", "_")
-
-
 def _b(name: str, default: bool, text: str) -> Flag:
-    return Flag(name, _go_bool, default, text, is_bool=True)
+    return Flag(name, go_bool, default, text, is_bool=True)
 
 
 NSQD_FLAGS: list[Flag] = [
@@ -110,7 +70,7 @@ NSQD_FLAGS: list[Flag] = [
     Flag("log-level", _log_level, "info", "log verbosity: debug, info, warn, error or fatal"),
     Flag("log-prefix", str, "[nsqd] ", "log message prefix"),
     _b("verbose", False, "[deprecated] has no effect, use --log-level (as in nsqd)"),
-    Flag("node-id", _go_int, None, "unique part for message IDs, integer in [0,1024)"),
+    Flag("node-id", go_int, None, "unique part for message IDs, integer in [0,1024)"),
     Flag("tcp-address", str, "0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients"),
     Flag("http-address", str, "0.0.0.0:4151", "<addr>:<port> to listen on for HTTP clients"),
     Flag(
@@ -161,7 +121,7 @@ NSQD_FLAGS: list[Flag] = [
     ),
     Flag(
         "mem-queue-size",
-        _go_int,
+        go_int,
         10000,
         "messages (per topic/channel) counted as in memory; the rest show as backend_depth",
     ),
@@ -177,10 +137,10 @@ NSQD_FLAGS: list[Flag] = [
         900.0,
         "duration: the longest msg timeout a client may ask for",
     ),
-    Flag("max-msg-size", _go_int, 1048576, "bytes: the largest single message"),
+    Flag("max-msg-size", go_int, 1048576, "bytes: the largest single message"),
     Flag("max-req-timeout", go_duration_seconds, 3600.0, "duration: the longest REQ/DPUB delay"),
     Flag(
-        "max-body-size", _go_int, 5242880, "bytes: the largest command body (MPUB, IDENTIFY, AUTH)"
+        "max-body-size", go_int, 5242880, "bytes: the largest command body (MPUB, IDENTIFY, AUTH)"
     ),
     Flag(
         "max-heartbeat-interval",
@@ -188,10 +148,10 @@ NSQD_FLAGS: list[Flag] = [
         60.0,
         "duration: the longest heartbeat interval a client may ask for",
     ),
-    Flag("max-rdy-count", _go_int, 2500, "messages: the largest RDY a client may send"),
+    Flag("max-rdy-count", go_int, 2500, "messages: the largest RDY a client may send"),
     Flag(
         "max-output-buffer-size",
-        _go_int,
+        go_int,
         65536,
         "bytes: the largest output buffer a client may ask for",
     ),
@@ -215,7 +175,7 @@ NSQD_FLAGS: list[Flag] = [
     ),
     Flag(
         "max-channel-consumers",
-        _go_int,
+        go_int,
         0,
         "consumer connections per channel (0: unlimited)",
     ),
@@ -242,7 +202,7 @@ NSQD_FLAGS: list[Flag] = [
         "minimum TLS version: ssl3.0, tls1.0, tls1.1, tls1.2 or tls1.3",
     ),
     _b("deflate", True, "enable deflate feature negotiation (client compression)"),
-    Flag("max-deflate-level", _go_int, 6, "the highest deflate level a client may ask for (1-9)"),
+    Flag("max-deflate-level", go_int, 6, "the highest deflate level a client may ask for (1-9)"),
     _b("snappy", True, "enable snappy feature negotiation (client compression)"),
 ]
 
@@ -272,87 +232,6 @@ NSQLOOKUPD_FLAGS: list[Flag] = [
         "duration an nsqd stays tombstoned for a topic",
     ),
 ]
-
-
-def parse_go_flags(flags: list[Flag], argv: list[str]) -> dict[str, Any]:
-    """Values (by ``Flag.dest``) for ``argv`` parsed the way Go's flag package does.
-
-    Raises FlagError for an unknown flag, a missing or bad value, or a positional argument;
-    returns ``{"help": True}`` for ``-h``/``-help``.
-    """
-    by_name = {f.name: f for f in flags}
-    values: dict[str, Any] = {f.dest: (list(f.default) if f.repeated else f.default) for f in flags}
-    given: set[str] = set()
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg == "--":
-            if i < len(argv):
-                raise FlagError(f"unexpected argument {argv[i]!r}")
-            break
-        if len(arg) < 2 or arg[0] != "-":
-            raise FlagError(f"unexpected argument {arg!r} (flags only)")
-        name = arg[2:] if arg.startswith("--") else arg[1:]
-        if not name or name[0] in "-=":
-            raise FlagError(f"bad flag syntax: {arg}")
-        value: str | None = None
-        if "=" in name:
-            name, value = name.split("=", 1)
-        if name in ("h", "help"):
-            return {"help": True}
-        flag = by_name.get(name)
-        if flag is None:
-            raise FlagError(
-                f"flag provided but not defined: -{name} (the embedded server does not "
-                "implement it; see -help)"
-            )
-        if value is None:
-            if flag.is_bool:
-                value = "true"
-            elif i < len(argv):
-                value = argv[i]
-                i += 1
-            else:
-                raise FlagError(f"flag needs an argument: -{name}")
-        try:
-            parsed = flag.parse(value)
-        except ValueError as exc:
-            raise FlagError(f"invalid value {value!r} for flag -{name}: {exc}") from exc
-        if flag.repeated:
-            values[flag.dest].append(parsed)
-        else:
-            values[flag.dest] = parsed
-        given.add(flag.dest)
-    values["_given"] = given
-    return values
-
-
-def usage(prog: str, flags: list[Flag], out: TextIO) -> None:
-    """Write the flag list (name, default, meaning with its unit) to ``out``."""
-    out.write(f"Usage of {prog} (embedded, nsqclient.testing; the real binary's flags):\n")
-    for f in flags:
-        kind = "" if f.is_bool else " value"
-        default = f.default
-        if f.repeated:
-            shown = ""
-        elif isinstance(default, float):
-            shown = f" (default {_duration_text(default)})"
-        elif default not in (None, "", False, []):
-            shown = (
-                f" (default {default!r})" if isinstance(default, str) else f" (default {default})"
-            )
-        else:
-            shown = ""
-        out.write(f"  -{f.name}{kind}\n        {f.help}{shown}\n")
-
-
-def _duration_text(seconds: float) -> str:
-    if seconds and seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{seconds / 3600:g}h" if seconds % 3600 == 0 else f"{seconds / 60:g}m"
-    return f"{seconds:g}s"
 
 
 def _split_address(flag: str, address: str) -> tuple[str, int]:

@@ -124,7 +124,8 @@ def test_every_subcommand_takes_version(capsys, command, flag):
 )
 def test_one_duration_parser_for_the_cli_and_the_embedded_servers(text, seconds):
     from nsqclient.testing.__main__ import build_parser
-    from nsqclient.testing.scripts import NSQD_FLAGS, go_duration_seconds, parse_go_flags
+    from nsqclient.testing.gostyle.flags import go_duration_seconds, parse_go_flags
+    from nsqclient.testing.scripts import NSQD_FLAGS
 
     assert durations.parse_duration(text) == pytest.approx(seconds)
     assert common.parse_duration(text) == pytest.approx(seconds)
@@ -137,7 +138,8 @@ def test_one_duration_parser_for_the_cli_and_the_embedded_servers(text, seconds)
 
 @pytest.mark.parametrize("text", ["", "1m30", "60x", "inf", "s"])
 def test_what_is_not_a_duration_is_refused_the_same_way_everywhere(text):
-    from nsqclient.testing.scripts import NSQD_FLAGS, FlagError, parse_go_flags
+    from nsqclient.testing.gostyle.flags import FlagError, parse_go_flags
+    from nsqclient.testing.scripts import NSQD_FLAGS
 
     with pytest.raises(durations.DurationError, match="invalid duration") as info:
         durations.parse_duration(text)

@@ -1,2 +1,3 @@
-"""Go-style text shared by the embedded servers (:mod:`.text`: ``%q``, ``json.Marshal``,
-``time.Duration``, the HTTP API's replies)."""
+"""Go's ways, as the embedded servers need them: Go-style text (:mod:`.text`: ``%q``,
+``json.Marshal``, ``time.Duration``, the HTTP API's replies) and Go's flag syntax
+(:mod:`.flags`: reading a command line, its ``-help``)."""
