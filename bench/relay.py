@@ -7,11 +7,20 @@ the fill, so A's channel holds all N before the relay starts) to a fresh topic B
 * ``nsqclient pub_async``  docs/relay.rst's pub_async relay: a Consumer (``max_in_flight``
                            2500, concurrency 1) whose handler calls ``enable_async()`` and
                            ``Producer.pub_async()``, FIN (or REQ) in the Future's done-callback;
-* ``nsqclient batching``   docs/relay.rst's batching relay: the handler holds messages and
+* ``nsqclient batching``   docs/relay.rst's batching relay, on the pull API: a Consumer with no
+                           handler (``max_in_flight`` 2500) and one thread that takes up to 500
+                           messages (``consumer.take(500, timeout=0.25)``: what has arrived),
+                           publishes them with one ``mpub()``, then ``finish_many()`` (one FIN
+                           write) or, on failure, ``requeue_many()``; every batch's size is
+                           recorded;
+* ``nsqclient batch fill`` (only with ``--cases``) the same, but taking again until the batch is
+                           full, ``consumer.is_starved()`` or 0.25 s have passed;
+* ``batching enable_async`` the batching relay docs/relay.rst gave before the pull API (pynsq's
+                           idiom): the handler holds messages with ``enable_async()`` and
                            publishes them with one ``mpub()`` when 500 are held or
                            ``consumer.is_starved()``, a timer thread flushes every 0.25 s, then
-                           every message of the batch is FINished (``max_in_flight`` 2500);
-                           every flush's size is recorded;
+                           every message of the batch is FINished one by one (``max_in_flight``
+                           2500); every flush's size is recorded;
 * ``pynsq``                an ``nsq.Reader`` (``max_in_flight`` 2500) whose handler calls
                            ``nsq.Writer.pub(B, body, callback)`` and FINishes (or REQueues) the
                            message in the callback, under tornado's IOLoop (``nsq.run()``);
@@ -22,15 +31,15 @@ The rate is M messages over the time from the first message the relay was given 
 message nsqd acknowledged on B, M being 99% of N: nsqd holds the last few kilobytes it sends a
 consumer for its ``output_buffer_timeout`` (250 ms) once the channel runs dry, which would add
 up to 250 ms to every run whatever the client (see bench/consume.py).  The Python relays time
-themselves (first handler call, M-th publish acknowledged); for nsq_to_nsq the parent polls
-nsqd's ``/stats`` (first message in flight on A's channel, B's ``message_count`` reaching M) and
-reads its CPU time from ``/proc``.  After each run the parent checks nsqd's ``/stats``: A's
-channel drained (nothing left or in flight) and B holding N messages (more: duplicates, which
-at-least-once delivery allows and the report counts).
+themselves (first handler call or first message taken, M-th publish acknowledged); for
+nsq_to_nsq the parent polls nsqd's ``/stats`` (first message in flight on A's channel, B's
+``message_count`` reaching M) and reads its CPU time from ``/proc``.  After each run the
+parent checks nsqd's ``/stats``: A's channel drained (nothing left or in flight) and B holding N
+messages (more: duplicates, which at-least-once delivery allows and the report counts).
 
     .venv/bin/python bench/relay.py --quick                # embedded NSQ, a smoke test
     NSQ_BIN_DIR=/opt/nsq-bin .venv/bin/python bench/relay.py --messages 100000 --repeat 3
-    .venv/bin/python bench/relay.py --nsqd 127.0.0.1:4150 --cases pub_async,batching
+    .venv/bin/python bench/relay.py --nsqd 127.0.0.1:4150 --cases batching,batching_async
 """
 
 from __future__ import annotations
@@ -52,15 +61,23 @@ CHANNEL = "relay"
 CASES = {
     "pub_async": "nsqclient pub_async",
     "batching": "nsqclient batching",
+    "batching_fill": "nsqclient batch fill",
+    "batching_async": "batching enable_async",
     "pynsq": "pynsq",
     "nsq_to_nsq": "nsq_to_nsq",
 }
+#: the cases run unless --cases says otherwise
+DEFAULT_CASES = ("pub_async", "batching", "batching_async", "pynsq", "nsq_to_nsq")
 CASE_CLIENT = {
     "pub_async": "nsqclient",
     "batching": "nsqclient",
+    "batching_fill": "nsqclient",
+    "batching_async": "nsqclient",
     "pynsq": "pynsq",
     "nsq_to_nsq": "nsq_to_nsq",
 }
+#: the batching cases, whose batches are recorded and reported
+BATCHING = ("batching", "batching_fill", "batching_async")
 BATCH_SIZE = 500  # the batching relay's messages per MPUB (docs/relay.rst)
 MAX_WAIT = 0.25  # the batching relay's timed flush, seconds (docs/relay.rst)
 GO_POLL = 0.005  # seconds between the parent's /stats polls while nsq_to_nsq runs
@@ -206,7 +223,80 @@ def run_pub_async(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_batching(spec: dict[str, Any]) -> dict[str, Any]:
-    """docs/relay.rst, "The batching relay", recording each flush (when, how many, why)."""
+    """docs/relay.rst, "The batching relay" (pull mode), recording each batch (when, how many,
+    what ended it)."""
+    import nsqclient
+
+    tally = _Relayed(spec["n"], spec["broker_pid"])
+    topic_b = spec["topic_b"]
+    fill = spec["mode"] == "batching_fill"
+    flushes: list[tuple[float, int, str]] = []  # (seconds after the first message, size, why)
+    clock = time.perf_counter
+
+    with common.maybe_profile(spec):
+        producer = nsqclient.Producer([spec["tcp"]])
+        _warm_producer(producer, spec)
+        consumer = nsqclient.Consumer(
+            spec["topic_a"],
+            CHANNEL,
+            None,  # pull mode
+            nsqd_tcp_addresses=[spec["tcp"]],
+            max_in_flight=spec["max_in_flight"],
+        )
+
+        def next_batch() -> tuple[list[Any], str]:
+            """The recipe's take: up to BATCH_SIZE of what has arrived.  ``batching_fill``
+            then keeps taking until the batch is full, the consumer is starved or MAX_WAIT
+            has passed (the handler relay's three flush causes)."""
+            batch = consumer.take(BATCH_SIZE, timeout=MAX_WAIT)
+            if batch:
+                tally.given()
+            if not fill or not batch:
+                return batch, "full" if len(batch) >= BATCH_SIZE else "arrived"
+            deadline = time.monotonic() + MAX_WAIT
+            while len(batch) < BATCH_SIZE:
+                if consumer.is_starved():
+                    return batch, "starved"
+                remaining = deadline - time.monotonic()
+                more = consumer.take(BATCH_SIZE - len(batch), timeout=max(remaining, 0.0))
+                if not more:
+                    return batch, "timer"
+                batch += more
+            return batch, "full"
+
+        def relay() -> None:
+            while consumer.is_running:
+                batch, why = next_batch()
+                if not batch:
+                    continue
+                flushes.append((clock() - (tally.first_at or clock()), len(batch), why))
+                try:
+                    producer.mpub(topic_b, [m.body for m in batch])
+                except nsqclient.NSQError:
+                    consumer.requeue_many(batch)
+                    tally.failed += len(batch)
+                else:
+                    consumer.finish_many(batch)
+                    tally.relayed(len(batch))
+
+        relayer = threading.Thread(target=relay, name="relay")
+        consumer.start()
+        relayer.start()
+        error = tally.wait(spec)
+        consumer.stop(timeout=30.0)
+        relayer.join()
+        producer.close()
+    result = tally.result()
+    result["flushes"] = flush_summary(flushes)
+    if error:
+        result["error"] = error
+    return result
+
+
+def run_batching_async(spec: dict[str, Any]) -> dict[str, Any]:
+    """The batching relay docs/relay.rst gave before pull mode (pynsq's idiom: the handler
+    holds messages with ``enable_async()`` and a flush publishes them when 500 are held, the
+    consumer is starved, or a timer fires), recording each flush (when, how many, why)."""
     import nsqclient
 
     tally = _Relayed(spec["n"], spec["broker_pid"])
@@ -386,6 +476,8 @@ def child_main(spec: dict[str, Any]) -> None:
         "prefill": run_prefill,
         "pub_async": run_pub_async,
         "batching": run_batching,
+        "batching_fill": run_batching,
+        "batching_async": run_batching_async,
         "pynsq": run_pynsq,
     }[spec["mode"]]
     common.emit_result(run(spec))
@@ -603,9 +695,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--cases",
-        default=",".join(CASES),
-        help=f"comma-separated subset of {','.join(CASES)} (default: all; nsq_to_nsq is left "
-        "out when NSQ_BIN_DIR has no nsq_to_nsq)",
+        default=",".join(DEFAULT_CASES),
+        help=f"comma-separated subset of {','.join(CASES)} (default: {','.join(DEFAULT_CASES)}; "
+        "nsq_to_nsq is left out when NSQ_BIN_DIR has no nsq_to_nsq)",
     )
     common.add_run_arguments(parser)
     parser.add_argument(
@@ -662,6 +754,7 @@ def main(argv: list[str]) -> int:
     )
     ours = best.get("pub_async")
     go = best.get("nsq_to_nsq")
+    handler_batching = best.get("batching_async")
     rows = []
     for case, r in best.items():
         broker_cpu = (
@@ -669,61 +762,60 @@ def main(argv: list[str]) -> int:
             if r.get("broker_cpu") is not None and r["seconds"] > 0
             else "-"
         )
-        rows.append(
-            [
-                CASES[case],
-                common.fmt_rate(r["rate"]),
-                f"{r['us_per_msg']:.1f}",
-                broker_cpu,
-                common.fmt_ratio(r["rate"], ours["rate"] if ours else None),
-                common.fmt_ratio(r["rate"], go["rate"] if go else None),
-                str(sum(x["duplicates"] for x in runs[case])),
-            ]
-        )
-    headers = [
-        "case",
-        "msg/s",
-        "CPU us/msg",
-        "nsqd CPU",
-        "vs pub_async",
-        "vs nsq_to_nsq",
-        "duplicates (all runs)",
-    ]
+        row = [
+            CASES[case],
+            common.fmt_rate(r["rate"]),
+            f"{r['us_per_msg']:.1f}",
+            broker_cpu,
+            common.fmt_ratio(r["rate"], ours["rate"] if ours else None),
+            common.fmt_ratio(r["rate"], go["rate"] if go else None),
+        ]
+        if handler_batching:
+            row.append(common.fmt_ratio(r["rate"], handler_batching["rate"]))
+        rows.append([*row, str(sum(x["duplicates"] for x in runs[case]))])
+    headers = ["case", "msg/s", "CPU us/msg", "nsqd CPU", "vs pub_async", "vs nsq_to_nsq"]
+    if handler_batching:
+        headers.append("vs enable_async batching")
+    headers.append("duplicates (all runs)")
     print(common.markdown_table(headers, rows))
     common.print_not_measured(skipped, report=True)
-    if runs.get("batching"):
+    batching = [case for case in BATCHING if runs.get(case)]
+    if batching:
         print()
         print(
-            f"batching relay's flushes (batch {BATCH_SIZE}, timed flush every {MAX_WAIT} s), "
-            "every run:"
+            f"the batching relays' batches (at most {BATCH_SIZE}; MAX_WAIT {MAX_WAIT} s), every "
+            "run:"
         )
         print()
         flush_rows = []
-        for i, r in enumerate(runs["batching"], 1):
-            f = r["flushes"]
-            flush_rows.append(
-                [
-                    f"run {i}" + (" (best)" if r is best["batching"] else ""),
-                    common.fmt_rate(r["rate"]),
-                    str(f["count"]),
-                    f"{f['median']:g}",
-                    str(f["ones"]),
-                    ", ".join(f"{k} {v}" for k, v in sorted(f["why"].items())),
-                    " ".join(str(s) for s in f["first10"]),
-                    "never" if f["first_full_ms"] is None else f"{f['first_full_ms']:.0f} ms",
-                ]
-            )
+        for case in batching:
+            for i, r in enumerate(runs[case], 1):
+                f = r["flushes"]
+                flush_rows.append(
+                    [
+                        CASES[case],
+                        f"run {i}" + (" (best)" if r is best[case] else ""),
+                        common.fmt_rate(r["rate"]),
+                        str(f["count"]),
+                        f"{f['median']:g}",
+                        str(f["ones"]),
+                        ", ".join(f"{k} {v}" for k, v in sorted(f["why"].items())),
+                        " ".join(str(s) for s in f["first10"]),
+                        "never" if f["first_full_ms"] is None else f"{f['first_full_ms']:.0f} ms",
+                    ]
+                )
         print(
             common.markdown_table(
                 [
+                    "case",
                     "run",
                     "msg/s",
-                    "flushes",
+                    "batches",
                     "median size",
                     "of 1 msg",
                     "why",
                     "first 10 sizes",
-                    "first full flush",
+                    "first full batch",
                 ],
                 flush_rows,
             )

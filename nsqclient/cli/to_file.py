@@ -1,13 +1,15 @@
 """``nsqclient to-file``: archive topics to files (like Go's ``nsq_to_file``).
 
-Each message body is written to the topic's current file followed by a newline.  Messages are
-finished (FIN) only after the data is flushed and fsynced: when ``--max-in-flight`` messages are
-waiting, when the consumer is starved (nsqd will send no more until some are answered), when
-the oldest unsynced message is ``--sync-interval`` old, before a rotation, and at exit.  A crash
-(even SIGKILL or a power cut) therefore loses nothing: what was not synced was not finished,
-and nsqd delivers it again (possibly after having been written: duplicates are possible, loss
-is not).  With ``--gzip`` each sync ends a gzip member, so a file is a valid concatenation of
-members up to the last sync.
+Each message body is written to the topic's current file followed by a newline.  The consumer
+runs in pull mode: one writer thread a topic takes what has arrived, writes it (one write(2) a
+line, so that a killed process leaves whole lines), and finishes (FIN) the messages only after
+the data is flushed and fsynced, all those of a sync at once (one FIN write per connection):
+when ``--max-in-flight`` messages are waiting, when the consumer is starved (nsqd will send no
+more until some are answered), when the oldest unsynced message is ``--sync-interval`` old,
+before a rotation, and at exit.  A crash (even SIGKILL or a power cut) therefore loses
+nothing: what was not synced was not finished, and nsqd delivers it again (possibly after having
+been written: duplicates are possible, loss is not).  With ``--gzip`` each sync ends a gzip
+member, so a file is a valid concatenation of members up to the last sync.
 
 File names come from ``--filename-format`` (``<TOPIC>``, ``<HOST>``, ``<PID>``, ``<DATETIME>``,
 ``<REV>``), as with ``nsq_to_file``.  A file is rotated when ``<DATETIME>`` changes, after
@@ -31,7 +33,6 @@ import errno
 import gzip
 import logging
 import os
-import queue
 import shutil
 import socket
 import sys
@@ -66,13 +67,22 @@ from .common import (
 )
 from .topic_discovery import TopicDiscoverer, topic_matcher
 
-__all__ = ["add_parser", "run", "filename_format", "OutputFile", "TopicArchiver"]
+__all__ = [
+    "add_parser",
+    "run",
+    "consumer_options",
+    "filename_format",
+    "OutputFile",
+    "TopicArchiver",
+]
 
 logger = logging.getLogger("nsqclient.cli.to_file")
 
-_WAKE = object()
 #: nsqd's default --msg-timeout, seconds
 _NSQD_MSG_TIMEOUT = 60.0
+#: longest wait of an idle writer for messages, seconds: how soon it sees begin_close() (a
+#: take() cannot be woken early) and a file due for rotation
+_CLOSE_POLL = 0.1
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -283,6 +293,16 @@ class OutputFile:
         else:
             self._write_all(data)
 
+    def write_lines(self, bodies: list[bytes]) -> None:
+        """Write each of ``bodies`` followed by a newline: plain, one write(2) a line (so that
+        a killed process leaves whole lines, as :meth:`write` of one line does); gzip, all of
+        them through the compressor at once."""
+        if self.gzip_level is None:
+            for body in bodies:
+                self.write(body + b"\n")
+        else:
+            self.write(b"\n".join([*bodies, b""]))
+
     def sync(self) -> None:
         """Make everything written so far durable."""
         if self._gz is not None:
@@ -298,11 +318,14 @@ class OutputFile:
 
 
 class TopicArchiver:
-    """One topic's consumer and the thread that writes its messages to files.
+    """One topic's consumer (pull mode: no handler, no worker thread) and the thread that
+    takes its messages, writes them to files, syncs and then finishes them.
 
-    The handler (on the consumer's worker) only queues the message; the writer thread writes,
-    syncs and then finishes.  After :meth:`begin_close` the handler requeues what arrives and
-    the writer writes, syncs and finishes what was queued, closes the file and ends.
+    The writer thread takes what has arrived (:meth:`Consumer.take`) and writes it, and at
+    each sync fsyncs the file and finishes every message written since the last one with one
+    :meth:`Consumer.finish_many` (one FIN write per connection).
+    After :meth:`begin_close` it writes what has already arrived, syncs, finishes, closes the
+    file and ends; what arrives later is requeued by ``consumer.stop()``.
     """
 
     def __init__(
@@ -330,51 +353,51 @@ class TopicArchiver:
         self.failed = failed
         self.error: str | None = None
         self.written = 0
+        #: messages finished (after their sync), and the syncs that finished some
         self.finished = 0
-        self.requeued = 0
+        self.syncs = 0
+        #: messages this archiver requeued itself (after a write error); see :attr:`requeued`
+        self._requeued = 0
         self.files: list[str] = []
         self.consumer = Consumer(
             topic,
             channel,
-            self._handle,
+            None,  # pull mode: the writer thread takes the messages
             nsqd_tcp_addresses=args.nsqd_tcp_addresses,
             lookupd_http_addresses=args.lookupd_http_addresses,
             **consumer_options,
         )
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._closing = False
+        self._closing = threading.Event()
         self._file: OutputFile | None = None
         self._filename = ""
         self._rev = 0
         self._file_rev = 0
         self._opened_at = 0.0
+        #: written to the current file, not synced (nor finished) yet, oldest first
         self._pending: list[Message] = []
         self._oldest_pending = 0.0
+        #: the batch being written (its messages move to _pending as they are written)
+        self._batch: list[Message] = []
         self._thread = threading.Thread(target=self._run, name=f"nsq-to-file-{topic}", daemon=True)
 
-    # -- consumer side
-
-    def _handle(self, message: Message) -> None:
-        message.enable_async()
-        with self._lock:
-            if self._closing:
-                self.requeued += 1
-                message.requeue(delay=0, backoff=False)
-                return
-            self._queue.put(message)
+    @property
+    def requeued(self) -> int:
+        """Messages given back to nsqd: by this archiver after a write error, and, once the
+        consumer has stopped, every requeue it counted (what arrived after :meth:`begin_close`
+        included)."""
+        if self.consumer.is_running:
+            return self._requeued
+        return max(self.consumer.stats()["requeued"], self._requeued)
 
     def start(self) -> None:
         self._thread.start()
         self.consumer.start()
 
     def begin_close(self) -> None:
-        """Receive nothing more (RDY 0; what still arrives is requeued) and let the writer
-        sync, finish and close."""
+        """Receive nothing more (RDY 0) and let the writer write what has arrived, sync,
+        finish and close."""
         self.consumer.set_max_in_flight(0)
-        with self._lock:
-            self._closing = True
-            self._queue.put(_WAKE)
+        self._closing.set()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -392,21 +415,17 @@ class TopicArchiver:
             self._fail()
 
     def _fail(self) -> None:
-        """Requeue everything not durably written and stop the tool."""
-        with self._lock:
-            self._closing = True
-        for message in self._pending:
-            message.requeue(delay=0, backoff=False)
-            self.requeued += 1
+        """Requeue everything taken and not durably written, receive nothing more, and stop
+        the tool (what was not taken is requeued by ``consumer.stop()``)."""
+        self._closing.set()
+        self.consumer.set_max_in_flight(0)
+        unanswered = [
+            m for m in dict.fromkeys([*self._pending, *self._batch]) if not m.has_responded()
+        ]
         self._pending.clear()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, Message):
-                item.requeue(delay=0, backoff=False)
-                self.requeued += 1
+        self._batch = []
+        if unanswered:
+            self._requeued += self.consumer.requeue_many(unanswered, delay=0, backoff=False)
         if self._file is not None:
             path = self._file.path
             try:
@@ -417,44 +436,68 @@ class TopicArchiver:
         self.failed.set()
 
     def _loop(self) -> None:
+        consumer = self.consumer
         while True:
+            closing = self._closing.is_set()
             now = time.monotonic()
-            wait = 1.0
+            wait = 0.0 if closing else _CLOSE_POLL
             if self._pending:
                 wait = min(wait, max(self._oldest_pending + self.sync_interval - now, 0.0))
-            try:
-                item = self._queue.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            if item is _WAKE:
+            batch = consumer.take(timeout=wait)
+            now = time.monotonic()
+            if batch:
+                self._batch = batch
+                self._write(batch, now)
+                self._batch = []
+            if closing:
+                # What had arrived when begin_close() was called is written now.
                 self._sync()
                 self._close_file()
                 return
-            now = time.monotonic()
-            if isinstance(item, Message):
-                if self._file is None or self._needs_rotation(now):
-                    self._sync()
-                    self._close_file()
-                    self._open_file(now)
-                assert self._file is not None
-                self._file.write(item.body + b"\n")
-                self.written += 1
-                if not self._pending:
-                    self._oldest_pending = now
-                self._pending.append(item)
-            elif self._file is not None and self._needs_rotation(now):
+            if not batch and self._file is not None and self._needs_rotation(now):
                 # Idle: close a file that is due for rotation; the next message opens one.
                 self._sync()
                 self._close_file()
             if self._pending and (
                 len(self._pending) >= self.max_in_flight
                 or now - self._oldest_pending >= self.sync_interval
-                or self.consumer.is_starved()
+                or consumer.is_starved()
             ):
                 self._sync()
 
+    def _write(self, batch: list[Message], now: float) -> None:
+        """Write ``batch``, a line a message, rotating where a message finds the file due
+        (before a rotation the file is synced and its messages finished)."""
+        name = self._current_filename()
+        chunk: list[bytes] = []
+        start = 0  # the first message of batch in chunk
+        size = 0  # the bytes in chunk
+        for i, message in enumerate(batch):
+            if self._file is None or self._due(name, now, self._file.size + size):
+                if chunk:
+                    self._write_chunk(chunk, batch[start:i], now)
+                    chunk, size = [], 0
+                self._sync()
+                self._close_file()
+                self._open_file(now, name)
+                start = i
+            body = message.body
+            chunk.append(body)
+            size += len(body) + 1
+        if chunk:
+            self._write_chunk(chunk, batch[start:], now)
+
+    def _write_chunk(self, bodies: list[bytes], messages: list[Message], now: float) -> None:
+        assert self._file is not None
+        self._file.write_lines(bodies)
+        self.written += len(messages)
+        if not self._pending:
+            self._oldest_pending = now
+        self._pending.extend(messages)
+
     def _sync(self) -> None:
-        """fsync the file, then finish the messages written to it."""
+        """fsync the file, then finish the messages written to it (one FIN write per
+        connection)."""
         if not self._pending:
             return
         assert self._file is not None
@@ -462,25 +505,28 @@ class TopicArchiver:
         logger.debug(
             "[%s] synced %d messages to %s", self.topic, len(self._pending), self._file.path
         )
-        for message in self._pending:
-            message.finish()
-        self.finished += len(self._pending)
-        self._pending.clear()
+        pending, self._pending = self._pending, []
+        self.finished += self.consumer.finish_many(pending)
+        self.syncs += 1
 
     def _current_filename(self) -> str:
         stamp = datetime.datetime.now().strftime(self.datetime_format)
         return self.fmt.replace("<DATETIME>", stamp)
 
-    def _needs_rotation(self, now: float) -> bool:
-        if self._current_filename() != self._filename:
+    def _due(self, name: str, now: float, size: int) -> bool:
+        """Is the open file due for rotation (``name``: the file name now; ``size``: its size
+        with what is about to be written before the next line)?"""
+        if name != self._filename:
             return True
         if self.rotate_interval and now - self._opened_at >= self.rotate_interval:
             return True
-        assert self._file is not None
-        return bool(self.rotate_size and self._file.size > self.rotate_size)
+        return bool(self.rotate_size and size > self.rotate_size)
 
-    def _open_file(self, now: float) -> None:
-        name = self._current_filename()
+    def _needs_rotation(self, now: float) -> bool:
+        assert self._file is not None
+        return self._due(self._current_filename(), now, self._file.size)
+
+    def _open_file(self, now: float, name: str) -> None:
         if name != self._filename:
             self._rev = 0
         else:
@@ -565,6 +611,18 @@ def _check_topic_flags(args: argparse.Namespace) -> None:
         )
 
 
+def consumer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of each topic's Consumer: ``--consumer-opt`` and ``--max-in-flight``, with
+    give-ups off (a message is never finished without being written)."""
+    return client_options(
+        args.client_options,
+        "Consumer",
+        max_in_flight=args.max_in_flight,
+        max_tries=0,  # never finish a message without writing it
+        user_agent=user_agent("to-file"),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     check_sources(args)
@@ -583,13 +641,7 @@ def run(args: argparse.Namespace) -> int:
         datetime.datetime.now().strftime(args.datetime_format)
     except ValueError as exc:
         raise UsageError(f"--datetime-format: {exc}") from None
-    options = client_options(
-        args.client_options,
-        "Consumer",
-        max_in_flight=args.max_in_flight,
-        max_tries=0,  # never finish a message without writing it
-        user_agent=user_agent("to-file"),
-    )
+    options = consumer_options(args)
     msg_timeout = options.get("msg_timeout") or _NSQD_MSG_TIMEOUT
     if args.sync_interval >= msg_timeout:
         raise UsageError(
