@@ -7,7 +7,8 @@ error carries the tail of that log, and :meth:`RealNSQ.log_tail` gives it on dem
 plugin attaches it to failing tests).
 
 Options are given as nsqd's flag names with underscores; durations are seconds (floats) and are
-converted to Go durations (``msg_timeout=1.5`` becomes ``--msg-timeout=1500ms``).
+converted to Go durations (``msg_timeout=1.5`` becomes ``--msg-timeout=1500ms``, see
+:func:`~.gostyle.flags.duration_flag`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .gostyle.flags import duration_flag
 from .nodes import LookupdNode, Node
 
-__all__ = ["Node", "LookupdNode", "RealNSQ", "RealNSQError", "go_duration", "nsqd_flags"]
+__all__ = ["Node", "LookupdNode", "RealNSQ", "RealNSQError", "nsqd_flags"]
 
 log = logging.getLogger("nsqclient.testing.real")
 
@@ -84,19 +86,9 @@ class RealNSQError(RuntimeError):
     """A real nsqd or nsqlookupd failed to start, stop or register."""
 
 
-def go_duration(seconds: float) -> str:
-    """A duration in seconds as a Go duration string (``1.5`` -> ``"1500ms"``)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-        raise ValueError(f"a duration must be a non-negative number of seconds, not {seconds!r}")
-    ms = seconds * 1000.0
-    if abs(ms - round(ms)) < 1e-6:
-        return f"{int(round(ms))}ms"
-    return f"{int(round(seconds * 1_000_000))}us"
-
-
 def _flag_value(name: str, value: Any) -> str:
     if name in _DURATION_OPTIONS:
-        return go_duration(value)
+        return duration_flag(value)
     if name == "tls_required":
         if isinstance(value, bool):
             return "true" if value else "false"

@@ -10,7 +10,8 @@ import requests
 from rawclient import Closed, RawConn, assert_alive
 
 from nsqclient.testing.auth_server import ALLOW_ALL, AuthServer
-from nsqclient.testing.real import RealNSQ, RealNSQError, go_duration, nsqd_flags
+from nsqclient.testing.gostyle.flags import duration_flag
+from nsqclient.testing.real import RealNSQ, RealNSQError, nsqd_flags
 from nsqclient.testing.waiting import wait_for
 
 # ------------------------------------------------------------------------ the Cluster interface
@@ -140,14 +141,14 @@ def test_broker_kind_follows_nsq_bin_dir(nsq_broker_kind):
         (3600, "3600000ms"),
     ],
 )
-def test_go_duration(seconds, text):
-    assert go_duration(seconds) == text
+def test_duration_flag(seconds, text):
+    assert duration_flag(seconds) == text
 
 
 @pytest.mark.parametrize("bad", [-1, "1s", None, True])
-def test_go_duration_rejects(bad):
+def test_duration_flag_rejects(bad):
     with pytest.raises(ValueError):
-        go_duration(bad)
+        duration_flag(bad)
 
 
 def test_nsqd_flags():

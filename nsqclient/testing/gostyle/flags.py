@@ -3,7 +3,8 @@ the way Go reads ``os.Args`` (:func:`parse_go_flags`: ``-flag`` or ``--flag``, `
 or ``-flag value``, booleans only as ``-flag`` or ``-flag=false``, repeatable flags) and the
 ``-help`` text that lists a table (:func:`usage`).
 
-A duration flag reads Go's form or a plain number of seconds (:func:`go_duration_seconds`).
+A duration flag reads Go's form or a plain number of seconds (:func:`go_duration_seconds`); the
+other way, :func:`duration_flag` writes seconds as a value a real binary's duration flag reads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "go_bool",
     "go_int",
     "go_duration_seconds",
+    "duration_flag",
 ]
 
 _GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
@@ -150,3 +152,14 @@ def _duration_text(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{seconds / 3600:g}h" if seconds % 3600 == 0 else f"{seconds / 60:g}m"
     return f"{seconds:g}s"
+
+
+def duration_flag(seconds: float) -> str:
+    """A duration in seconds as the value of a duration flag, exact to the microsecond and read
+    back by Go's ``time.ParseDuration`` (``1.5`` -> ``"1500ms"``, ``0.0005`` -> ``"500us"``)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise ValueError(f"a duration must be a non-negative number of seconds, not {seconds!r}")
+    ms = seconds * 1000.0
+    if abs(ms - round(ms)) < 1e-6:
+        return f"{int(round(ms))}ms"
+    return f"{int(round(seconds * 1_000_000))}us"

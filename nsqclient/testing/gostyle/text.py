@@ -18,7 +18,7 @@ __all__ = [
     "NSQ_V1",
     "go_quote",
     "go_json",
-    "go_duration",
+    "duration_string",
     "v1_response",
     "v1_error",
 ]
@@ -100,8 +100,8 @@ def v1_error(status: int, text: str, extra: dict[str, str] | None = None) -> Res
     return Response(status, go_json({"message": text}), headers)
 
 
-def go_duration(seconds: float) -> str:
-    """Go's ``time.Duration.String()`` for a positive duration."""
+def duration_string(seconds: float) -> str:
+    """Go's ``time.Duration.String()`` for a positive duration (``90.5`` -> ``"1m30.5s"``)."""
     ns = int(seconds * 1e9)
     if ns == 0:
         return "0s"

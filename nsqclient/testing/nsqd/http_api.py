@@ -16,7 +16,14 @@ import time
 from typing import Any, Protocol
 
 from ...protocol import valid_channel_name, valid_topic_name
-from ..gostyle.text import JSON_CONTENT_TYPE, NSQ_V1, VERSION, go_duration, v1_error, v1_response
+from ..gostyle.text import (
+    JSON_CONTENT_TYPE,
+    NSQ_V1,
+    VERSION,
+    duration_string,
+    v1_error,
+    v1_response,
+)
 from ..http.server import QueryError, Request, Response, Router, parse_query
 from .client import ClientConn
 from .ids import GUIDFactory
@@ -456,7 +463,7 @@ class NSQDHTTP:
         lines = [
             f"nsqd v{VERSION} (embedded nsqclient.testing)",
             "start_time " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(nsqd.start_time)),
-            "uptime " + go_duration(max(time.time() - nsqd.start_time, 0.0)),
+            "uptime " + duration_string(max(time.time() - nsqd.start_time, 0.0)),
             "",
             "Health: OK",
         ]
@@ -497,7 +504,7 @@ class NSQDHTTP:
 def _client_line(s: dict) -> str:
     port = s["remote_address"].rsplit(":", 1)[-1]
     ident = f"{s['hostname']}:{port} {s['user_agent']}"
-    connected = go_duration(max(int(time.time()) - s["connect_ts"], 0))
+    connected = duration_string(max(int(time.time()) - s["connect_ts"], 0))
     if s.get("pub_counts"):
         total = sum(p["count"] for p in s["pub_counts"])
         topics = ",".join(f"{p['topic']}={p['count']}" for p in s["pub_counts"])
