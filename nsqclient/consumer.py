@@ -41,10 +41,11 @@ from .errors import (
     NSQError,
     ServerError,
 )
-from .message import Message, RequeueMessage, claim_all
+from .message import Message, RequeueMessage
 from .observe import ObserverSet, tell
 from .rdy import is_starved, needs_refill
 from .rdy_balancer import ConnInfo, RdyBalancer, conn_views, send_rdy
+from .responder import Responder
 
 __all__ = ["Consumer", "ConnectionCounts"]
 
@@ -75,9 +76,9 @@ class ConnectionCounts(NamedTuple):
 
 
 class _Delegate:
-    """What a Connection, a Message and the Discovery call back (see
-    :class:`~nsqclient.conn.ConnectionDelegate`, :class:`~nsqclient.message.MessageResponder`
-    and :class:`~nsqclient.discovery.DiscoveryOwner`), kept off the Consumer's public face."""
+    """What a Connection and the Discovery call back (see
+    :class:`~nsqclient.conn.ConnectionDelegate` and :class:`~nsqclient.discovery.DiscoveryOwner`),
+    kept off the Consumer's public face."""
 
     __slots__ = ("_consumer",)
 
@@ -96,15 +97,6 @@ class _Delegate:
     def on_close(self, conn: Connection, reason: BaseException | None) -> None:
         self._consumer._on_close(conn, reason)
 
-    def finish_message(self, message: Message) -> None:
-        self._consumer._finish_message(message)
-
-    def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
-        self._consumer._requeue_message(message, delay, backoff)
-
-    def touch_message(self, message: Message) -> None:
-        self._consumer._touch_message(message)
-
     def held_keys(self) -> Collection[str]:
         return self._consumer._held_keys()
 
@@ -119,15 +111,6 @@ class _Delegate:
 
     def fail(self, error: NSQError) -> None:
         self._consumer._fail(error)
-
-
-#: Unsolicited errors nsqd sends for a FIN/REQ/TOUCH it could not apply, and the counters
-#: they move: (counted apart, taken back from).
-_ANSWER_FAILED = {
-    "E_FIN_FAILED": ("finish_failed", "finished"),
-    "E_REQ_FAILED": ("requeue_failed", "requeued"),
-    "E_TOUCH_FAILED": ("touch_failed", None),
-}
 
 
 class Consumer:
@@ -265,9 +248,22 @@ class Consumer:
             "requeue_failed": 0,
             "touch_failed": 0,
         }
-        #: pull mode: messages taken and not answered yet (stop() requeues what is left)
-        self._held: set[Message] = set()
         self._observers = ObserverSet(self)
+        self._responder = Responder(
+            self,
+            self.config,
+            self.ordered,
+            lock=self._lock,
+            stats=self._stats,
+            backoff=self._backoff,
+            rdy_wake=self._rdy_wake,
+            observers=self._observers,
+            pull=self._pull,
+            idle=self._idle,
+        )
+        #: pull mode: messages taken and not answered yet (stop() requeues what is left)
+        self._held = self._responder.held
+        self._finish_message = self._responder.finish_message
 
     def __repr__(self) -> str:
         return f"<Consumer {self.topic}/{self.channel} connections={len(self._conns)}>"
@@ -376,7 +372,10 @@ class Consumer:
         self._stop_requested.set()
         self._discovery.stop()
         self._rdy.stop()
+        self._responder.stopping = True
         self._stopping.set()
+        with self._work_cond:  # a taker waiting in take() returns now
+            self._work_cond.notify_all()
         deadline = time.monotonic() + timeout
         if not self._stop_lock.acquire(timeout=max(timeout, 0.0)):
             return  # another thread is stopping and has not finished in our time
@@ -419,7 +418,7 @@ class Consumer:
         if forced:
             self._requeue_running(own)
         self._requeue_unstarted()
-        self._requeue_held()
+        self._responder.requeue_held()
         with self._work_cond:
             self._workers_exit = True
             self._work_cond.notify_all()
@@ -457,19 +456,6 @@ class Consumer:
         # Woken early by a worker finishing a message (see _work_loop).
         self._idle.wait(seconds)
         self._idle.clear()
-
-    def _requeue_held(self) -> None:
-        """Pull mode, at the end of stop(): requeue what was taken and is still unanswered."""
-        with self._lock:
-            held = [m for m in self._held if not m.has_responded()]
-        if held:
-            logger.warning(
-                "%s/%s: %d messages taken were not answered by stop()'s deadline; requeueing them",
-                self.topic,
-                self.channel,
-                len(held),
-            )
-            self.requeue_many(held, delay=0, backoff=False)
 
     def _requeue_unstarted(self) -> None:
         while True:
@@ -613,7 +599,9 @@ class Consumer:
     def take(self, max_messages: int | None = None, timeout: float = 0.0) -> list[Message]:
         """Pull mode: the messages received and not taken yet, oldest first, at most
         ``max_messages`` (None: all).  Waits up to ``timeout`` seconds for the first one
-        (0: never blocks); [] when none came, or the Consumer is stopping.
+        (0: never blocks); [] when none came, or the Consumer is stopping (then it waits up
+        to ``timeout`` for the stop to end, so that a ``while consumer.is_running`` loop does
+        not spin).
 
         Each message has been through what a handler's goes through first (the trace log,
         youzan's ordered-offset check, the give-up at ``max_tries``: a message given up on is
@@ -634,27 +622,23 @@ class Consumer:
             check_int(max_messages, "max_messages", "messages", min=1)
         check_float(timeout, "timeout", "seconds", min=0)
         work = self._work
+        deadline = time.monotonic() + timeout
         with self._work_cond:
-            if not work and timeout > 0:
-                deadline = time.monotonic() + timeout
-                while not work and not self._stopping.is_set():
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._idle_workers += 1  # the reader threads wake a waiting taker
-                    try:
-                        self._work_cond.wait(remaining)
-                    finally:
-                        self._idle_workers -= 1
-            if not work:
-                return []
-            if max_messages is None or max_messages >= len(work):
-                batch = list(work)
-                work.clear()
-            else:
-                batch = [work.popleft() for _ in range(max_messages)]
-            for conn, run in itertools.groupby(batch, _conn_of):
-                conn.queued -= sum(1 for _ in run)
+            while not work and not self._stopping.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._idle_workers += 1  # the reader threads wake a waiting taker
+                try:
+                    self._work_cond.wait(remaining)
+                finally:
+                    self._idle_workers -= 1
+            stopping = self._stopping.is_set()
+            batch = [] if stopping or not work else self._take_work(max_messages)
+        if not batch:
+            if stopping:  # nothing more is handed out: wait for the stop, not a busy loop
+                self._stopped.wait(max(deadline - time.monotonic(), 0.0))
+            return []
         for message in batch:
             message._async = True  # the taker answers: nothing answers for it
         with self._lock:
@@ -665,6 +649,19 @@ class Consumer:
             tell(observers, "messages_taken", self, kept)
         return kept
 
+    def _take_work(self, max_messages: int | None) -> list[Message]:
+        """The oldest messages of the work queue, at most ``max_messages`` (``_work_cond``
+        held)."""
+        work = self._work
+        if max_messages is None or max_messages >= len(work):
+            batch = list(work)
+            work.clear()
+        else:
+            batch = [work.popleft() for _ in range(max_messages)]
+        for conn, run in itertools.groupby(batch, _conn_of):
+            conn.queued -= sum(1 for _ in run)
+        return batch
+
     def finish_many(self, messages: Iterable[Message]) -> int:
         """FIN ``messages`` (received by this Consumer), one write per connection; return how
         many were finished.  A message already answered is skipped (with a warning, as
@@ -674,17 +671,7 @@ class Consumer:
         Raises:
             ValueError: a message this Consumer did not receive (before anything is sent).
         """
-        groups = self._claim_many(messages, "finish")
-        for conn, group in groups.items():
-            try:
-                conn.send(b"FIN " + b"\nFIN ".join([m.id for m in group]) + b"\n")
-            except NSQError:
-                logger.debug(
-                    "cannot FIN %d messages: connection to %s closed; nsqd will redeliver them",
-                    len(group),
-                    conn.address,
-                )
-        return self._answered_many(groups, "finish", None, None)
+        return self._responder.finish_many(messages)
 
     def requeue_many(
         self, messages: Iterable[Message], delay: float | None = None, backoff: bool = True
@@ -695,74 +682,7 @@ class Consumer:
         errors as :meth:`finish_many`."""
         if delay is not None:
             check_float(delay, "delay", "seconds", min=0)
-        groups = self._claim_many(messages, "requeue")
-        for conn, group in groups.items():
-            commands = [
-                protocol.req(m.id, int(round(self._requeue_delay(m, delay) * 1000))) for m in group
-            ]
-            try:
-                conn.send(b"".join(commands))
-            except NSQError:
-                logger.debug(
-                    "cannot REQ %d messages: connection to %s closed; nsqd will redeliver them",
-                    len(group),
-                    conn.address,
-                )
-        return self._answered_many(groups, "requeue", delay, backoff)
-
-    def _claim_many(
-        self, messages: Iterable[Message], what: str
-    ) -> dict[Connection, list[Message]]:
-        """Claim each message's one answer (as Message.finish() does), grouped by connection."""
-        messages = list(messages)
-        delegate = self._delegate
-        for message in messages:
-            if message._responder is not delegate:
-                raise ValueError(f"message {message.id!r} was not received by {self!r}")
-        groups: dict[Connection, list[Message]] = {}
-        for message in claim_all(messages, what):
-            conn = message._conn
-            assert conn is not None  # a Consumer's messages always carry their connection
-            group = groups.get(conn)
-            if group is None:
-                groups[conn] = [message]
-            else:
-                group.append(message)
-        return groups
-
-    def _answered_many(
-        self,
-        groups: dict[Connection, list[Message]],
-        action: str,
-        delay: float | None,
-        backoff: bool | None,
-    ) -> int:
-        """:meth:`_answered` for the messages of a bulk FIN or REQ, in one lock round."""
-        count = sum(len(group) for group in groups.values())
-        if not count:
-            return 0
-        success = True if action == "finish" else (False if backoff else None)
-        with self._lock:
-            self._stats["finished" if action == "finish" else "requeued"] += count
-            for conn, group in groups.items():
-                conn.in_flight = max(conn.in_flight - len(group), 0)
-                if self._pull:
-                    self._held.difference_update(group)
-            if self._pull and self._stopping.is_set():
-                self._idle.set()
-            if success is not None and (self._backoff.level or not success):
-                now = time.monotonic()
-                decision = None
-                for _ in range(count):
-                    decision = self._backoff.record(success, now) or decision
-                if decision is not None:
-                    logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
-                    self._rdy_wake.set()
-        observers = self._observers.active
-        if observers:
-            answered = [m for group in groups.values() for m in group]
-            tell(observers, "messages_answered", self, answered, action, delay, backoff)
-        return count
+        return self._responder.requeue_many(messages, delay, backoff)
 
     # ================================================================ connection delegate
     # (via _Delegate; these run on a connection's reader thread: quick, never user code)
@@ -771,8 +691,8 @@ class Consumer:
         """The messages of one socket read: one lock round and one hand-off for all of them."""
         now = conn.last_message_at
         received = Message._received
-        delegate = self._delegate
-        messages = [received(d, delegate, conn, now) for d in decoded]
+        responder = self._responder
+        messages = [received(d, responder, conn, now) for d in decoded]
         n = len(messages)
         with self._lock:
             self._stats["received"] += n
@@ -798,20 +718,8 @@ class Consumer:
                     self._work_cond.notify(min(n, self._idle_workers))
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:
-        counters = _ANSWER_FAILED.get(error.code)
-        if counters is not None:
-            failed, taken_back = counters
-            with self._lock:
-                self._stats[failed] += 1
-                if taken_back is not None:
-                    self._stats[taken_back] -= 1
-            logger.warning(
-                "nsqd %s: %s (the message had probably timed out and been redelivered)",
-                conn.address,
-                error,
-            )
-            return
-        logger.warning("nsqd %s: %s", conn.address, error)
+        if not self._responder.answer_failed(conn, error):
+            logger.warning("nsqd %s: %s", conn.address, error)
 
     def _on_close(self, conn: Connection, reason: BaseException | None) -> None:
         with self._lock:
@@ -987,69 +895,3 @@ class Consumer:
             last,
         )
         run_hook(self.on_out_of_order, message, last)
-
-    # ======================================================== MessageResponder (via _Delegate)
-
-    def _answered(self, message: Message, counter: str, success: bool | None) -> None:
-        conn = message._conn
-        assert conn is not None  # a Consumer's messages always carry their connection
-        with self._lock:
-            self._stats[counter] += 1
-            if conn.in_flight > 0:
-                conn.in_flight -= 1
-            if self._pull:
-                self._held.discard(message)
-                if self._stopping.is_set():
-                    self._idle.set()
-            # At level 0 a success changes nothing (BackoffState.record returns None).
-            if success is not None and (self._backoff.level or not success):
-                decision = self._backoff.record(success, time.monotonic())
-                if decision is not None:
-                    logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
-                    self._rdy_wake.set()
-
-    def _finish_message(self, message: Message) -> None:
-        conn = message._conn
-        assert conn is not None  # a Consumer's messages always carry their connection
-        try:
-            # The id came from nsqd in this message: no need to check it as protocol.fin does.
-            conn.send(b"FIN " + message.id + b"\n")
-        except NSQError:
-            logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
-        self._answered(message, "finished", True)
-        observers = self._observers.active
-        if observers:
-            tell(observers, "messages_answered", self, (message,), "finish", None, None)
-
-    def _requeue_delay(self, message: Message, delay: float | None) -> float:
-        """Seconds a requeue of ``message`` asks nsqd for (ordered: 0, nothing may pass it)."""
-        if self.ordered:
-            return 0.0
-        if delay is None:
-            cfg = self.config
-            return min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
-        return delay
-
-    def _requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
-        conn = message._conn
-        assert conn is not None  # a Consumer's messages always carry their connection
-        delay = self._requeue_delay(message, delay)
-        try:
-            conn.send(protocol.req(message.id, int(round(delay * 1000))))
-        except NSQError:
-            logger.debug("cannot REQ %r: connection closed; nsqd will redeliver it", message.id)
-        self._answered(message, "requeued", False if backoff else None)
-        observers = self._observers.active
-        if observers:
-            tell(observers, "messages_answered", self, (message,), "requeue", delay, backoff)
-
-    def _touch_message(self, message: Message) -> None:
-        conn = message._conn
-        assert conn is not None  # a Consumer's messages always carry their connection
-        try:
-            conn.send(protocol.touch(message.id))
-        except NSQError:
-            logger.debug("cannot TOUCH %r: connection closed", message.id)
-        observers = self._observers.active
-        if observers:
-            tell(observers, "messages_answered", self, (message,), "touch", None, None)

@@ -1,0 +1,271 @@
+"""The Consumer's answers to nsqd for its messages: FIN, REQ and TOUCH, of one message or of many
+at once (one write per connection), and what each answer moves: the counters, the connection's
+in-flight count, backoff, and the messages pull mode holds.
+
+An answer is written on the connection's command queue from the thread that answers (a handler
+worker, the caller of ``message.finish()`` or of ``finish_many()``); it never blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from . import protocol
+from .backoff import BackoffState
+from .config import Config
+from .conn import Connection
+from .errors import NSQError, ServerError
+from .message import Message, claim_all
+from .observe import ObserverSet, tell
+
+__all__ = ["Responder"]
+
+logger = logging.getLogger("nsqclient.consumer")
+
+#: Unsolicited errors nsqd sends for a FIN/REQ/TOUCH it could not apply, and the counters
+#: they move: (counted apart, taken back from).
+_ANSWER_FAILED = {
+    "E_FIN_FAILED": ("finish_failed", "finished"),
+    "E_REQ_FAILED": ("requeue_failed", "requeued"),
+    "E_TOUCH_FAILED": ("touch_failed", None),
+}
+
+
+class Responder:
+    """The :class:`~nsqclient.message.MessageResponder` of one Consumer's messages.
+
+    Args:
+        consumer: the Consumer (named in errors, told to observers).
+        config, ordered: the Consumer's (a requeue's default delay; ordered: no delay).
+        lock: the Consumer's lock, guarding ``stats``, ``backoff``, each connection's
+            in-flight count and :attr:`held`.
+        stats: the Consumer's counters.
+        backoff: the Consumer's backoff state; ``rdy_wake`` is set when an answer changes it.
+        observers: the Consumer's observers (``messages_answered``).
+        pull: pull mode: messages taken are :attr:`held` until answered.
+        idle: set when the last held message is answered while stopping (pull mode).
+    """
+
+    def __init__(
+        self,
+        consumer: Any,
+        config: Config,
+        ordered: bool,
+        *,
+        lock: threading.RLock,
+        stats: dict[str, int],
+        backoff: BackoffState,
+        rdy_wake: threading.Event,
+        observers: ObserverSet,
+        pull: bool,
+        idle: threading.Event,
+    ):
+        self._consumer = consumer
+        self._config = config
+        self._ordered = ordered
+        self._lock = lock
+        self._stats = stats
+        self._backoff = backoff
+        self._rdy_wake = rdy_wake
+        self._observers = observers
+        self._pull = pull
+        self._idle = idle
+        #: pull mode: messages taken and not answered yet (stop() requeues what is left)
+        self.held: set[Message] = set()
+        #: set by the Consumer's stop(): answers then wake its drain (pull mode)
+        self.stopping = False
+
+    # ================================================================ one message
+
+    def _answered(self, message: Message, counter: str, success: bool | None) -> None:
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
+        with self._lock:
+            self._stats[counter] += 1
+            if conn.in_flight > 0:
+                conn.in_flight -= 1
+            if self._pull:
+                self.held.discard(message)
+                if self.stopping:
+                    self._idle.set()
+            # At level 0 a success changes nothing (BackoffState.record returns None).
+            if success is not None and (self._backoff.level or not success):
+                decision = self._backoff.record(success, time.monotonic())
+                if decision is not None:
+                    logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
+                    self._rdy_wake.set()
+
+    def finish_message(self, message: Message) -> None:
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
+        try:
+            # The id came from nsqd in this message: no need to check it as protocol.fin does.
+            conn.send(b"FIN " + message.id + b"\n")
+        except NSQError:
+            logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
+        self._answered(message, "finished", True)
+        observers = self._observers.active
+        if observers:
+            tell(observers, "messages_answered", self._consumer, (message,), "finish", None, None)
+
+    def requeue_delay(self, message: Message, delay: float | None) -> float:
+        """Seconds a requeue of ``message`` asks nsqd for (ordered: 0, nothing may pass it)."""
+        if self._ordered:
+            return 0.0
+        if delay is None:
+            cfg = self._config
+            return min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+        return delay
+
+    def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
+        delay = self.requeue_delay(message, delay)
+        try:
+            conn.send(protocol.req(message.id, int(round(delay * 1000))))
+        except NSQError:
+            logger.debug("cannot REQ %r: connection closed; nsqd will redeliver it", message.id)
+        self._answered(message, "requeued", False if backoff else None)
+        observers = self._observers.active
+        if observers:
+            tell(
+                observers,
+                "messages_answered",
+                self._consumer,
+                (message,),
+                "requeue",
+                delay,
+                backoff,
+            )
+
+    def touch_message(self, message: Message) -> None:
+        conn = message._conn
+        assert conn is not None  # a Consumer's messages always carry their connection
+        try:
+            conn.send(protocol.touch(message.id))
+        except NSQError:
+            logger.debug("cannot TOUCH %r: connection closed", message.id)
+        observers = self._observers.active
+        if observers:
+            tell(observers, "messages_answered", self._consumer, (message,), "touch", None, None)
+
+    def answer_failed(self, conn: Connection, error: ServerError) -> bool:
+        """nsqd could not apply a FIN, REQ or TOUCH (the message had probably timed out):
+        count it apart and log it; False when ``error`` is no such error."""
+        counters = _ANSWER_FAILED.get(error.code)
+        if counters is None:
+            return False
+        failed, taken_back = counters
+        with self._lock:
+            self._stats[failed] += 1
+            if taken_back is not None:
+                self._stats[taken_back] -= 1
+        logger.warning(
+            "nsqd %s: %s (the message had probably timed out and been redelivered)",
+            conn.address,
+            error,
+        )
+        return True
+
+    # ================================================================ many at once
+
+    def finish_many(self, messages: Iterable[Message]) -> int:
+        """See :meth:`Consumer.finish_many <nsqclient.consumer.Consumer.finish_many>`."""
+        groups = self._claim_many(messages, "finish")
+        for conn, group in groups.items():
+            try:
+                conn.send(b"FIN " + b"\nFIN ".join([m.id for m in group]) + b"\n")
+            except NSQError:
+                logger.debug(
+                    "cannot FIN %d messages: connection to %s closed; nsqd will redeliver them",
+                    len(group),
+                    conn.address,
+                )
+        return self._answered_many(groups, "finish", None, None)
+
+    def requeue_many(self, messages: Iterable[Message], delay: float | None, backoff: bool) -> int:
+        """See :meth:`Consumer.requeue_many <nsqclient.consumer.Consumer.requeue_many>`."""
+        groups = self._claim_many(messages, "requeue")
+        for conn, group in groups.items():
+            commands = [
+                protocol.req(m.id, int(round(self.requeue_delay(m, delay) * 1000))) for m in group
+            ]
+            try:
+                conn.send(b"".join(commands))
+            except NSQError:
+                logger.debug(
+                    "cannot REQ %d messages: connection to %s closed; nsqd will redeliver them",
+                    len(group),
+                    conn.address,
+                )
+        return self._answered_many(groups, "requeue", delay, backoff)
+
+    def _claim_many(
+        self, messages: Iterable[Message], what: str
+    ) -> dict[Connection, list[Message]]:
+        """Claim each message's one answer (as Message.finish() does), grouped by connection."""
+        messages = list(messages)
+        for message in messages:
+            if message._responder is not self:
+                raise ValueError(f"message {message.id!r} was not received by {self._consumer!r}")
+        groups: dict[Connection, list[Message]] = {}
+        for message in claim_all(messages, what):
+            conn = message._conn
+            assert conn is not None  # a Consumer's messages always carry their connection
+            group = groups.get(conn)
+            if group is None:
+                groups[conn] = [message]
+            else:
+                group.append(message)
+        return groups
+
+    def _answered_many(
+        self,
+        groups: dict[Connection, list[Message]],
+        action: str,
+        delay: float | None,
+        backoff: bool | None,
+    ) -> int:
+        """:meth:`_answered` for the messages of a bulk FIN or REQ, in one lock round."""
+        count = sum(len(group) for group in groups.values())
+        if not count:
+            return 0
+        success = True if action == "finish" else (False if backoff else None)
+        with self._lock:
+            self._stats["finished" if action == "finish" else "requeued"] += count
+            for conn, group in groups.items():
+                conn.in_flight = max(conn.in_flight - len(group), 0)
+                if self._pull:
+                    self.held.difference_update(group)
+            if self._pull and self.stopping:
+                self._idle.set()
+            if success is not None and (self._backoff.level or not success):
+                now = time.monotonic()
+                decision = None
+                for _ in range(count):
+                    decision = self._backoff.record(success, now) or decision
+                if decision is not None:
+                    logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
+                    self._rdy_wake.set()
+        observers = self._observers.active
+        if observers:
+            answered = [m for group in groups.values() for m in group]
+            tell(observers, "messages_answered", self._consumer, answered, action, delay, backoff)
+        return count
+
+    def requeue_held(self) -> None:
+        """Pull mode, at the end of stop(): requeue what was taken and is still unanswered."""
+        with self._lock:
+            held = [m for m in self.held if not m.has_responded()]
+        if held:
+            logger.warning(
+                "%s/%s: %d messages taken were not answered by stop()'s deadline; requeueing them",
+                self._consumer.topic,
+                self._consumer.channel,
+                len(held),
+            )
+            self.requeue_many(held, delay=0, backoff=False)
