@@ -1,15 +1,18 @@
-"""Publishing by lookup: a Producer's routed publishes (``lookupd_http_addresses``, youzan's
-partitions, keys, tracing and ext headers).
+"""Publishing by lookup: where each publish of a Producer goes when it learns topics from
+nsqlookupd (``lookupd_http_addresses``; youzan's partitions and keys), and its retries.
 
-For each topic the Producer asks nsqlookupd where to publish (:class:`~nsqclient.router.Router`
-keeps the answer) and sends each publish to its partition's leader.  A publish the route turned
-out stale for is retried after a fresh lookup: a refusal naming a moved leader
-(E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE, E_TOPIC_NOT_EXIST) at most ``leader_retries`` times; a
-leader that is gone (cannot be reached, nothing sent; or lookupd names none while youzan
-replaces it) until the publish's timeout.  Traced publishes answer a :class:`PublishResult`.
+For each topic a :class:`~nsqclient.router.Router` keeps the topic's *route* (where its
+partitions are written, as lookup said: :class:`~nsqclient.partitions.TopicRoute`), and each
+publish goes to its partition's leader.  A publish the route turned out stale for is retried
+after a fresh lookup: a refusal naming a moved leader (E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE,
+E_TOPIC_NOT_EXIST) at most ``leader_retries`` times; a leader that is gone (cannot be reached,
+nothing sent; or lookupd names none while youzan replaces it) until the publish's timeout.  One
+policy (:class:`Attempts`) decides for the blocking path, which sleeps between attempts, and
+the asynchronous one, which waits on a timer.  Without lookupd (no router) the same path sends
+youzan's forms (a partition, a trace id, ext headers) to the Producer's given addresses, once.
 
-:class:`RoutedPublishing` holds these methods of :class:`~nsqclient.producer.Producer` (a mixin:
-the state it works on is the Producer's, annotated here).
+:class:`LookupPublisher` is a collaborator the Producer owns; what it asks of the Producer is
+written down as :class:`PublisherOwner`.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from .config import Config
 from .errors import (
@@ -39,76 +41,187 @@ from .router import Router
 if TYPE_CHECKING:
     from .backlog import Backlog
     from .endpoint import Endpoint
-    from .outer import OuterFutures
+    from .outer import OuterFuture, OuterFutures
 
-__all__ = ["RoutedPublishing"]
+    #: a partition (None: none on the wire) and the endpoints to try, in order (None: the
+    #: Producer's given addresses)
+    Target = tuple[int | None, list[Endpoint] | None]
+
+__all__ = ["Attempts", "LookupPublisher", "PublisherOwner"]
 
 logger = logging.getLogger("nsqclient.producer")
-trace_logger = logging.getLogger("nsqclient.trace")
 
 #: youzan's answers that mean "lookup is stale": refresh the route and try again
 _STALE_ROUTE = (FailedOnNotLeaderError, FailedOnNotWritableError, TopicNotExistError)
 
 
-class RoutedPublishing:
-    """The routed-publishing methods of :class:`~nsqclient.producer.Producer`."""
+class PublisherOwner(Protocol):
+    """What publishing by lookup asks of the Producer that owns it."""
 
-    # The Producer's state and methods these use, set up by Producer.__init__.
-    config: Config
-    _router: Router | None
-    _closed: bool
-    _backlog: Backlog
-    _publish: Callable[..., bytes]
-    _submit: Callable[..., Any]
-    _submit_live: Callable[..., Future | None]
-    _submit_backlogged: Callable[..., Future]
-    _submit_until: Callable[..., Future]
-    _slot: Callable[[str], Endpoint]
-    _outers: OuterFutures
+    @property
+    def closed(self) -> bool:
+        """True once the Producer is closed: nothing is retried any more."""
+        ...
 
-    def _target(
-        self, topic: str, partition: int | None, key: bytes | str | int | None
-    ) -> tuple[int | None, list[Endpoint] | None]:
-        """The partition and the slots (in order of preference) of one publish."""
-        if self._router is None:
+    def endpoint(self, address: str) -> Endpoint:
+        """The pool's endpoint of ``address`` (made on first use)."""
+        ...
+
+    def publish_on(
+        self,
+        command: bytes,
+        endpoints: list[Endpoint] | None,
+        timeout: float,
+        deadline: float,
+        event: PublishEvent | None,
+    ) -> bytes:
+        """Write ``command`` on the first of ``endpoints`` that can take it and return nsqd's
+        answer, blocking until ``deadline`` (``timeout`` is for the error message)."""
+        ...
+
+    def submit_now(self, command: bytes, endpoints: list[Endpoint] | None) -> Future | None:
+        """Write ``command`` on a connection already made, never blocking; None when none is
+        ready."""
+        ...
+
+    def submit_connecting(
+        self, command: bytes, endpoints: list[Endpoint] | None, deadline: float, first: bool
+    ) -> Future:
+        """Write ``command``, connecting until ``deadline`` where needed.  ``first`` (a first
+        attempt, from the backlog): fail at once when every endpoint waits out its reconnect
+        delay."""
+        ...
+
+
+class Attempts:
+    """One publish by lookup across its attempts, and the retry policy: whether a failed
+    attempt is tried again, and when.
+
+    Args:
+        publisher: the :class:`LookupPublisher` it goes through.
+        topic, build, partition, key: the publish.
+        timeout: seconds it may take, lookups and retries included.
+    """
+
+    def __init__(
+        self,
+        publisher: LookupPublisher,
+        topic: str,
+        build: Build,
+        partition: int | None,
+        key: bytes | str | int | None,
+        timeout: float,
+    ):
+        self.publisher = publisher
+        self.topic = topic
+        self.build = build
+        self.partition = partition
+        self.key = key
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        #: attempts made after the first
+        self.retries = 0
+        #: the router's clock when the last attempt took its route
+        self.attempted_at = 0.0
+
+    def target(self) -> Target:
+        """Start an attempt: its partition and endpoints (may look the topic up)."""
+        router = self.publisher.router
+        self.attempted_at = time.monotonic() if router is None else router.now()
+        return self.publisher.target(self.topic, self.partition, self.key)
+
+    def after(self, exc: BaseException) -> float | BaseException:
+        """What follows an attempt that failed with ``exc``: seconds to wait before the next
+        one, or the error the publish ends with (``exc`` itself, or NSQTimeoutError when a
+        gone leader was not replaced in time).
+
+        A leader being replaced (lookup names none for the partition, or its nsqd cannot be
+        reached and nothing was sent) is retried until the publish's deadline, waiting 0.1 s
+        doubling up to 1 s; a refusal that names a stale route (NOT_LEADER, NOT_WRITABLE,
+        TOPIC_NOT_EXIST) at most ``leader_retries`` times, waiting 0.1 s doubling; nothing
+        else, and nothing once the Producer is closed or the wait would pass the deadline.
+        Before a retry the route is looked up again (only a route fetched before the failed
+        attempt took its own is thrown away: another publish may have a fresh one)."""
+        publisher = self.publisher
+        router = publisher.router
+        if router is None or publisher.owner.closed:
+            return exc
+        retries = self.retries
+        if _leader_gone(exc):
+            delay = min(0.1 * 2**retries, 1.0)
+        elif isinstance(exc, _STALE_ROUTE) and retries < publisher.config.leader_retries:
+            delay = 0.1 * 2**retries
+        else:
+            return exc
+        router.invalidate(self.topic, fetched_before=self.attempted_at)
+        logger.info(
+            "publish to %s failed (%s); looking it up again in %.1fs", self.topic, exc, delay
+        )
+        if time.monotonic() + delay >= self.deadline:
+            if not _leader_gone(exc):
+                return exc
+            error = NSQTimeoutError(
+                f"no leader of {self.topic!r} could be reached within {self.timeout:g}s"
+                f" (nothing was sent): {exc}",
+                maybe_processed=False,
+            )
+            error.__cause__ = exc
+            return error
+        self.retries += 1
+        return delay
+
+    def traced_result(
+        self, partition: int | None, address: str, reply: bytes
+    ) -> PublishResult | None:
+        """What a traced publish returns once nsqd at ``address`` answered ``reply``."""
+        return traced_result(self.topic, partition, address, reply, self.started)
+
+
+class LookupPublisher:
+    """Publishes of a Producer that follow lookup or take youzan's forms (see the module).
+
+    Args:
+        owner: the Producer (see :class:`PublisherOwner`).
+        router: the routes of its topics, by lookup; None without lookupd.
+        config: its options (``pub_timeout``, ``leader_retries``).
+        backlog: its backlog (a first attempt that could block runs there, in call order).
+        outers: its outer Futures (an asynchronous publish's Future is one).
+    """
+
+    def __init__(
+        self,
+        owner: PublisherOwner,
+        router: Router | None,
+        config: Config,
+        backlog: Backlog,
+        outers: OuterFutures,
+    ):
+        self.owner = owner
+        self.router = router
+        self.config = config
+        self._backlog = backlog
+        self._outers = outers
+
+    def target(self, topic: str, partition: int | None, key: bytes | str | int | None) -> Target:
+        """The partition and the endpoints (in order of preference) of one publish."""
+        router = self.router
+        if router is None:
             if key is not None:
                 raise ValueError(
                     "key= needs lookupd_http_addresses: the partition count comes from lookup"
                 )
             return partition, None
-        p, address = self._router.choose(topic, partition, key)
+        p, address = router.choose(topic, partition, key)
+        endpoint = self.owner.endpoint
         if p is not None:
-            return p, [self._slot(address)]
+            return p, [endpoint(address)]
         # classic topic: the chosen nsqd first, the others it is on to fail over to
-        route = self._router.route(topic)
-        others = [self._slot(a) for a in route.nsqd if a != address]
-        return None, [self._slot(address), *others]
+        route = router.route(topic)
+        others = [endpoint(a) for a in route.nsqd if a != address]
+        return None, [endpoint(address), *others]
 
-    def _retry_delay(
-        self, topic: str, exc: BaseException, retries: int, attempted_at: float
-    ) -> float | None:
-        """Seconds to wait before retrying a routed publish that failed with ``exc`` after
-        ``retries`` retries, or None when it must not be retried.  ``attempted_at`` (the
-        router's clock when the failed attempt took its route): only a route fetched before
-        then is thrown away.
-
-        A leader being replaced (lookup names none for the partition, or its nsqd cannot be
-        reached and nothing was sent) is retried until the publish's deadline, waiting 0.1 s
-        doubling up to 1 s; a refusal that names a stale route (NOT_LEADER, NOT_WRITABLE,
-        TOPIC_NOT_EXIST) at most ``leader_retries`` times, waiting 0.1 s doubling."""
-        if self._router is None or self._closed:
-            return None
-        if _leader_gone(exc):
-            delay = min(0.1 * 2**retries, 1.0)
-        elif isinstance(exc, _STALE_ROUTE) and retries < self.config.leader_retries:
-            delay = 0.1 * 2**retries
-        else:
-            return None
-        self._router.invalidate(topic, fetched_before=attempted_at)
-        logger.info("publish to %s failed (%s); looking it up again in %.1fs", topic, exc, delay)
-        return delay
-
-    def _publish_routed(
+    def publish(
         self,
         topic: str,
         build: Build,
@@ -118,46 +231,38 @@ class RoutedPublishing:
         key: bytes | str | int | None,
         event: PublishEvent | None = None,
     ) -> PublishResult | None:
+        """Publish and wait for nsqd's answer, retrying as :meth:`Attempts.after` says; see
+        :meth:`Producer.pub <nsqclient.producer.Producer.pub>`."""
         timeout = self.config.pub_timeout if timeout is None else timeout
-        started = time.monotonic()
-        deadline = started + timeout
+        attempts = Attempts(self, topic, build, partition, key, timeout)
         if key is not None:
             key_bytes(key)  # a bad key raises before any I/O
-        retries = 0
-        clock = time.monotonic if self._router is None else self._router.now
         while True:
-            attempted_at = clock()
             try:
-                p, slots = self._target(topic, partition, key)
+                p, endpoints = attempts.target()
                 command = build(p)
                 if event is not None:
                     event.partition = p
                 try:
-                    reply = self._publish(command, timeout, slots, deadline, event)
+                    reply = self.owner.publish_on(
+                        command, endpoints, timeout, attempts.deadline, event
+                    )
                 except ServerError:
-                    self._after_refusal(command, slots)
+                    _after_refusal(command, endpoints)
                     raise
-            except (NoRouteError, ConnectionClosedError, *_STALE_ROUTE) as exc:
-                delay = self._retry_delay(topic, exc, retries, attempted_at)
-                if delay is None:
+            except BaseException as exc:
+                after = attempts.after(exc)
+                if after is exc:
                     raise
-                if time.monotonic() + delay >= deadline:
-                    if _leader_gone(exc):
-                        raise NSQTimeoutError(
-                            f"no leader of {topic!r} could be reached within {timeout:g}s"
-                            f" (nothing was sent): {exc}",
-                            maybe_processed=False,
-                        ) from exc
-                    raise
-                retries += 1
-                time.sleep(delay)  # a retry's backoff, bounded by the deadline
+                if isinstance(after, BaseException):
+                    raise after from exc
+                time.sleep(after)  # a retry's backoff, bounded by the deadline
                 continue
             if not traced:
                 return None
-            address = slots[0].address if slots else ""
-            return traced_result(topic, p, address, reply, started)
+            return attempts.traced_result(p, endpoints[0].address if endpoints else "", reply)
 
-    def _submit_routed(
+    def submit(
         self,
         topic: str,
         build: Build,
@@ -165,117 +270,102 @@ class RoutedPublishing:
         partition: int | None,
         key: bytes | str | int | None,
     ) -> Future:
-        """An asynchronous publish that follows lookup.  The first attempt runs on the calling
-        thread when the topic's route is cached and its nsqd connected, otherwise on the
-        backlog thread; retries after a stale-route answer run on a timer thread."""
+        """Publish without waiting: a Future of nsqd's answer, retried as
+        :meth:`Attempts.after` says.  The first attempt runs on the calling thread when the
+        topic's route is cached and its nsqd connected, otherwise on the backlog thread;
+        retries run on a timer thread."""
         if key is not None:
             key_bytes(key)
-        if self._closed:
+        if self.owner.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        router = self._router
-        clock = time.monotonic if router is None else router.now
-        started = time.monotonic()
-        deadline = started + self.config.pub_timeout
-        outer = self._outers.track(deadline)
-
-        def attempt(retries: int, inline: bool = False) -> bool:
-            """One attempt; False when ``inline`` and it cannot go without blocking."""
-            attempted_at = clock()
-            try:
-                if inline and router is not None and router.cached(topic) is None:
-                    return False
-                p, slots = self._target(topic, partition, key)
-                command = build(p)
-                inner: Future | None
-                if not self._outers.may_send(outer):
-                    return True  # past its deadline: failed, and nothing may be sent now
-                if inline:
-                    inner = self._submit_live(command, slots)
-                    if inner is None:
-                        outer.sent = False  # not sent after all
-                        return False
-                elif retries == 0:
-                    inner = self._submit_backlogged(command, deadline, slots)
-                else:
-                    inner = self._submit_until(command, deadline, slots)
-            except (ValueError, TypeError) as exc:
-                if inline:
-                    raise  # bad input: at the call site
-                self._outers.settle(outer, error=exc)
-                return True
-            except BaseException as exc:
-                failed(exc, retries, attempted_at)
-                return True
-            outer.inner = inner  # for OuterFutures.expire
-            address = slots[0].address if slots else ""
-            inner.watch(  # type: ignore[attr-defined]
-                lambda f: answered(f, p, address, retries, command, slots, attempted_at)
-            )
-            return True
-
-        def answered(
-            inner: Future,
-            p: int | None,
-            address: str,
-            retries: int,
-            command: bytes,
-            slots: list[Endpoint] | None,
-            attempted_at: float,
-        ) -> None:
-            # where this attempt went, for whoever reads the Future (the last attempt's)
-            outer.nsqd_address = getattr(inner, "nsqd_address", None) or address
-            outer.partition = p
-            exc = inner.exception()
-            if exc is not None:
-                if isinstance(exc, ServerError):
-                    self._after_refusal(command, slots)
-                failed(exc, retries, attempted_at)
-            elif traced:
-                try:
-                    self._outers.settle(
-                        outer, traced_result(topic, p, address, inner.result(), started)
-                    )
-                except Exception as error:
-                    self._outers.settle(outer, error=error)
-            else:
-                self._outers.settle(outer, inner.result())
-
-        def failed(exc: BaseException, retries: int, attempted_at: float) -> None:
-            delay = self._retry_delay(topic, exc, retries, attempted_at)
-            if delay is None:
-                self._outers.settle(outer, error=exc)
-                return
-            if time.monotonic() + delay >= deadline and _leader_gone(exc):
-                self._outers.settle(
-                    outer,
-                    error=NSQTimeoutError(
-                        f"no leader of {topic!r} could be reached within pub_timeout"
-                        f" ({self.config.pub_timeout:g}s; nothing was sent): {exc}",
-                        maybe_processed=False,
-                    ),
-                )
-                return
-            timer = threading.Timer(delay, attempt, (retries + 1,))
-            timer.name = f"nsq-pub-retry-{topic}"
-            timer.daemon = True
-            timer.start()
+        attempts = Attempts(self, topic, build, partition, key, self.config.pub_timeout)
+        outer = self._outers.track(attempts.deadline)
 
         def first_attempt() -> None:
-            attempt(0)
+            self._attempt(attempts, outer, traced)
 
         try:
-            if self._backlog.jobs or not attempt(0, inline=True):
+            if self._backlog.jobs or not self._attempt(attempts, outer, traced, inline=True):
                 self._backlog.submit(first_attempt)
         except BaseException:
             self._outers.forget(outer)
             raise
         return outer
 
-    def _after_refusal(self, command: bytes, slots: list[Endpoint] | None) -> None:
-        """youzan's nsqd answers an MPUB_EXT it refuses before reading all of it: what it
-        left unread would be taken for commands, so that connection is done for."""
-        if command.startswith(b"MPUB_EXT ") and slots:
-            slots[0].drop()
+    def _attempt(
+        self, attempts: Attempts, outer: OuterFuture, traced: bool, inline: bool = False
+    ) -> bool:
+        """One attempt of an asynchronous publish; False when ``inline`` (on the caller's
+        thread) and it cannot go without blocking."""
+        router = self.router
+        try:
+            if inline and router is not None and router.cached(attempts.topic) is None:
+                return False
+            p, endpoints = attempts.target()
+            command = attempts.build(p)
+            inner: Future | None
+            if not self._outers.may_send(outer):
+                return True  # past its deadline: failed, and nothing may be sent now
+            if inline:
+                inner = self.owner.submit_now(command, endpoints)
+                if inner is None:
+                    outer.sent = False  # not sent after all
+                    return False
+            else:
+                first = attempts.retries == 0
+                inner = self.owner.submit_connecting(command, endpoints, attempts.deadline, first)
+        except (ValueError, TypeError) as exc:
+            if inline:
+                raise  # bad input: at the call site
+            self._outers.settle(outer, error=exc)
+            return True
+        except BaseException as exc:
+            self._failed(attempts, outer, traced, exc)
+            return True
+        outer.inner = inner  # for OuterFutures.expire
+        address = endpoints[0].address if endpoints else ""
+
+        def answered(inner: Future) -> None:
+            # where this attempt went, for whoever reads the Future (the last attempt's)
+            outer.nsqd_address = getattr(inner, "nsqd_address", None) or address
+            outer.partition = p
+            exc = inner.exception()
+            if exc is not None:
+                if isinstance(exc, ServerError):
+                    _after_refusal(command, endpoints)
+                self._failed(attempts, outer, traced, exc)
+                return
+            if not traced:
+                self._outers.settle(outer, inner.result())
+                return
+            try:
+                result = attempts.traced_result(p, address, inner.result())
+            except Exception as error:
+                self._outers.settle(outer, error=error)
+                return
+            self._outers.settle(outer, result)
+
+        inner.watch(answered)  # type: ignore[attr-defined]
+        return True
+
+    def _failed(
+        self, attempts: Attempts, outer: OuterFuture, traced: bool, exc: BaseException
+    ) -> None:
+        after = attempts.after(exc)
+        if isinstance(after, BaseException):
+            self._outers.settle(outer, error=after)
+            return
+        timer = threading.Timer(after, self._attempt, (attempts, outer, traced))
+        timer.name = f"nsq-pub-retry-{attempts.topic}"
+        timer.daemon = True
+        timer.start()
+
+
+def _after_refusal(command: bytes, endpoints: list[Endpoint] | None) -> None:
+    """youzan's nsqd answers an MPUB_EXT it refuses before reading all of it: what it left
+    unread would be taken for commands, so that connection is done for."""
+    if command.startswith(b"MPUB_EXT ") and endpoints:
+        endpoints[0].drop()
 
 
 def _leader_gone(exc: BaseException) -> bool:

@@ -34,7 +34,7 @@ from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
 from .answers import failure_of, wait_answered
 from .backlog import Backlog
-from .bylookup import RoutedPublishing
+from .bylookup import LookupPublisher
 from .checks import check_float
 from .config import Config, check_owner
 from .conn import AnyFuture, Connection, RequestFuture, Waiter
@@ -87,7 +87,7 @@ def _flush_at_exit() -> None:
 atexit.register(_flush_at_exit)
 
 
-class Producer(RoutedPublishing):
+class Producer:
     """Publishes to one or more nsqd.
 
     Args:
@@ -121,35 +121,42 @@ class Producer(RoutedPublishing):
         check_owner(options, "Producer")
         self.config = Config(**options)
         self._closed = False
-        #: pub_async Futures that failed with nobody looking (flush() and close() report them)
-        self._ledger = Ledger()
-        #: the endpoints of the given addresses, in order
-        self._slots = [self._endpoint(a) for a in addresses]
-        #: every slot by address: the given ones and those lookup named
-        self._pool = {s.address: s for s in self._slots}
-        self._pool_lock = threading.Lock()
+        self._pub_timeout = self.config.pub_timeout
         self._router: Router | None = None
         if lookupds:
             pool = LookupdPool(lookupds, self.config.lookupd_request_timeout)
             self._router = Router(pool, self.config.lookupd_poll_interval)
         self._tracing = self.config.trace
+        self._rr = itertools.count()
+        #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
+        self._pub_lines: dict[str, bytes] = {}
+        self._start(addresses, addresses[0] if addresses else "lookup")
+        _producers.add(self)
+        self._observers = ObserverSet(self)
+
+    def _start(self, addresses: list[str], name: str) -> None:
+        """The state of this process's publishing: made anew in a forked child."""
+        self._pid = os.getpid()
+        #: pub_async Futures that failed with nobody looking (flush() and close() report them)
+        self._ledger = Ledger()
+        #: the endpoints of the given addresses, in order
+        self._slots = [self._new_endpoint(a) for a in addresses]
+        #: every endpoint by address: the given ones and those lookup named
+        self._pool = {s.address: s for s in self._slots}
+        self._pool_lock = threading.Lock()
         #: pub_async work that may block (connecting, lookups), run in order on one thread
-        self._backlog = Backlog(addresses[0] if addresses else "lookup")
-        self._pub_timeout = self.config.pub_timeout
-        #: asynchronous publishes not yet on a connection, or waiting for a routed retry,
+        self._backlog = Backlog(name)
+        #: asynchronous publishes not yet on a connection, or waiting for a retry by lookup,
         #: and not answered yet (flush and close wait for them)
         self._outers = OuterFutures(
             self._ledger.note, self._pub_timeout, self._connection_of, self._keep_deadlines
         )
         self._deadlines = DeadlineKeeper(
-            self._backlog.name, self._live_connections, self._pub_timeout, self._outers.expire
+            name, self._live_connections, self._pub_timeout, self._outers.expire
         )
-        self._rr = itertools.count()
-        #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
-        self._pub_lines: dict[str, bytes] = {}
-        self._pid = os.getpid()
-        _producers.add(self)
-        self._observers = ObserverSet(self)
+        self._by_lookup = LookupPublisher(
+            self, self._router, self.config, self._backlog, self._outers
+        )
 
     def __repr__(self) -> str:
         where = [s.address for s in self._slots] or self._router.pool.addresses()  # type: ignore[union-attr]
@@ -213,12 +220,12 @@ class Producer(RoutedPublishing):
             return self._observed(observers, "PUB", False, topic, body, timeout, None, partition,
                                   key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
-            self._publish(self._pub_command(topic, body), timeout)
+            self.publish_on(self._pub_command(topic, body), None, timeout)
             return None
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
         )
-        return self._publish_routed(topic, build, traced, timeout, partition, key)
+        return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
 
     def mpub(
         self,
@@ -238,12 +245,12 @@ class Producer(RoutedPublishing):
             return self._observed(observers, "MPUB", False, topic, bodies, timeout, None,
                                   partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
-            self._publish(protocol.mpub(topic, bodies), timeout)
+            self.publish_on(protocol.mpub(topic, bodies), None, timeout)
             return None
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
         )
-        return self._publish_routed(topic, build, traced, timeout, partition, key)
+        return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
 
     def dpub(
         self, topic: str, body: bytes | str, delay: float, timeout: float | None = None
@@ -257,10 +264,10 @@ class Producer(RoutedPublishing):
             return
         command = protocol.dpub(topic, _delay_ms(delay), body)
         if self._router is None:
-            self._publish(command, timeout)
+            self.publish_on(command, None, timeout)
             return
         check_not_partitioned(self._router, topic)
-        self._publish_routed(topic, lambda p: command, False, timeout, None, None)
+        self._by_lookup.publish(topic, lambda p: command, False, timeout, None, None)
 
     def pub_async(
         self,
@@ -291,7 +298,7 @@ class Producer(RoutedPublishing):
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
         )
-        return self._submit_routed(topic, build, traced, partition, key)
+        return self._by_lookup.submit(topic, build, traced, partition, key)
 
     def mpub_async(
         self,
@@ -313,7 +320,7 @@ class Producer(RoutedPublishing):
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
         )
-        return self._submit_routed(topic, build, traced, partition, key)
+        return self._by_lookup.submit(topic, build, traced, partition, key)
 
     def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
         """:meth:`dpub` without waiting; see :meth:`pub_async`."""
@@ -324,7 +331,7 @@ class Producer(RoutedPublishing):
         command = protocol.dpub(topic, _delay_ms(delay), body)
         if self._router is None:
             return self._submit_async(command)
-        return self._submit_routed(
+        return self._by_lookup.submit(
             topic, dpub_builder(self._router, topic, command), False, None, None
         )
 
@@ -397,15 +404,17 @@ class Producer(RoutedPublishing):
                 if build is None:
                     future: RequestFuture = self._submit_async(wire)  # type: ignore[assignment]
                 else:
-                    future = self._submit_routed(topic, build, traced, partition, key)  # type: ignore[assignment]
+                    future = self._by_lookup.submit(topic, build, traced, partition, key)  # type: ignore[assignment]
                 future.watch(lambda f: _async_ended(observers, event, f))
                 return future
             answer: bytes | PublishResult
             if build is None:
-                answer = self._publish(wire, timeout, event=event)
+                answer = self.publish_on(wire, None, timeout, event=event)
                 result = None
             else:
-                result = self._publish_routed(topic, build, traced, timeout, partition, key, event)
+                result = self._by_lookup.publish(
+                    topic, build, traced, timeout, partition, key, event
+                )
                 answer = protocol.OK if result is None else result
         except BaseException as exc:
             event.error = exc
@@ -588,21 +597,30 @@ class Producer(RoutedPublishing):
         self._pub_lines[topic] = command[: command.index(b"\n") + 1]
         return command
 
-    def _publish(
+    # ---------------------------------------------------------------- writing a command
+    # publish_on, submit_now, submit_connecting, endpoint and closed are what publishing by
+    # lookup asks of its owner (nsqclient.bylookup.PublisherOwner).
+
+    def publish_on(
         self,
         command: bytes,
-        timeout: float | None,
-        slots: list[Endpoint] | None = None,
+        endpoints: list[Endpoint] | None = None,
+        timeout: float | None = None,
         deadline: float | None = None,
         event: PublishEvent | None = None,
     ) -> bytes:
+        """Write ``command`` on the first of ``endpoints`` (default: the given addresses,
+        round robin) that can take it and return nsqd's answer, within ``timeout`` seconds
+        (default ``pub_timeout``) or by ``deadline`` (a ``time.monotonic()``).  A publish
+        that provably did not reach nsqd is sent again; one that may have, ``pub_retries``
+        times."""
         timeout = self.config.pub_timeout if timeout is None else timeout
         if deadline is None:
             deadline = time.monotonic() + timeout
         retries_left = self.config.pub_retries
         while True:
             try:
-                future = self._submit(command, deadline, Waiter, slots)
+                future = self._submit(command, deadline, Waiter, endpoints)
             except ConnectionClosedError as exc:
                 if time.monotonic() >= deadline:
                     raise NSQTimeoutError(
@@ -646,10 +664,10 @@ class Producer(RoutedPublishing):
         assert future is not None  # with connect=True it returns a future or raises
         return future
 
-    def _submit_live(self, command: bytes, slots: list[Endpoint] | None = None) -> Future | None:
+    def submit_now(self, command: bytes, endpoints: list[Endpoint] | None = None) -> Future | None:
         """:meth:`_submit` on connections already made, never blocking: None when none is
         ready.  When one is, the addresses not connected are connected in the background."""
-        return self._submit_to(command, None, RequestFuture, slots, False)
+        return self._submit_to(command, None, RequestFuture, endpoints, False)
 
     def _submit_to(
         self,
@@ -741,7 +759,7 @@ class Producer(RoutedPublishing):
             if not self._outers.may_send(outer):
                 return  # its deadline passed while it waited: failed, nothing sent
             try:
-                inner = self._submit_backlogged(command, deadline, None)
+                inner = self.submit_connecting(command, None, deadline)
             except BaseException as exc:
                 self._outers.settle(outer, error=exc)
                 return
@@ -751,13 +769,22 @@ class Producer(RoutedPublishing):
         self._backlog.submit(job)
         return outer
 
-    def _submit_backlogged(
-        self, command: bytes, deadline: float, slots: list[Endpoint] | None
+    def submit_connecting(
+        self,
+        command: bytes,
+        endpoints: list[Endpoint] | None,
+        deadline: float,
+        first: bool = True,
     ) -> Future:
-        """:meth:`_submit` for a publish from the backlog: when every address is waiting out
-        its reconnect delay after a failure, fail at once with that failure rather than try
-        again for every publish queued behind the one that found it down."""
-        candidates = self._slots if slots is None else slots
+        """:meth:`_submit` connecting until ``deadline`` (a ``time.monotonic()``).  ``first``
+        (a publish from the backlog, not a retry): when every address is waiting out its
+        reconnect delay after a failure, fail at once with that failure rather than try again
+        for every publish queued behind the one that found it down."""
+        if not first:
+            future = self._submit(command, deadline, RequestFuture, endpoints)
+            self._deadlines.ensure()
+            return future
+        candidates = self._slots if endpoints is None else endpoints
         now = time.monotonic()
         if candidates and all(s.live() is None and s.waiting(now) for s in candidates):
             for slot in candidates:
@@ -772,7 +799,7 @@ class Producer(RoutedPublishing):
                 maybe_processed=False,
             )
         try:
-            return self._submit_until(command, deadline, slots)
+            return self.submit_connecting(command, endpoints, deadline, False)
         except ConnectionClosedError as exc:
             if self._closed or time.monotonic() < deadline:
                 raise
@@ -782,14 +809,6 @@ class Producer(RoutedPublishing):
                 maybe_processed=False,
             ) from exc
 
-    def _submit_until(
-        self, command: bytes, deadline: float, slots: list[Endpoint] | None
-    ) -> Future:
-        """:meth:`_submit` connecting until ``deadline`` (a ``time.monotonic()``)."""
-        future = self._submit(command, deadline, RequestFuture, slots)
-        self._deadlines.ensure()
-        return future
-
     def _keep_deadlines(self) -> None:
         self._deadlines.ensure()
 
@@ -798,35 +817,23 @@ class Producer(RoutedPublishing):
         endpoint = self._pool.get(address)
         return endpoint.conn if endpoint is not None else None
 
-    def _slot(self, address: str) -> Endpoint:
-        slot = self._pool.get(address)
-        if slot is None:
+    def endpoint(self, address: str) -> Endpoint:
+        """The pool's endpoint of ``address`` (made on first use)."""
+        endpoint = self._pool.get(address)
+        if endpoint is None:
             with self._pool_lock:
-                slot = self._pool.setdefault(address, self._endpoint(address))
-        return slot
+                endpoint = self._pool.setdefault(address, self._new_endpoint(address))
+        return endpoint
 
-    def _endpoint(self, address: str) -> Endpoint:
-        """A new endpoint of the pool (see :meth:`_slot` for the one of an address)."""
+    def _new_endpoint(self, address: str) -> Endpoint:
+        """A new endpoint of the pool (see :meth:`endpoint` for the one of an address)."""
         return Endpoint(address, self.config, self._ledger.note, lambda: self._closed)
 
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections (their threads did not survive
         the fork; their sockets are the parent's) and start afresh."""
-        if os.getpid() == self._pid:
-            return
-        self._pid = os.getpid()
-        self._ledger = Ledger()
-        self._slots = [self._endpoint(s.address) for s in self._slots]
-        self._pool = {s.address: s for s in self._slots}
-        self._pool_lock = threading.Lock()
-        self._backlog = Backlog(self._backlog.name)
-        self._pub_timeout = self.config.pub_timeout
-        self._outers = OuterFutures(
-            self._ledger.note, self._pub_timeout, self._connection_of, self._keep_deadlines
-        )
-        self._deadlines = DeadlineKeeper(
-            self._backlog.name, self._live_connections, self._pub_timeout, self._outers.expire
-        )
+        if os.getpid() != self._pid:
+            self._start([s.address for s in self._slots], self._backlog.name)
 
 
 def _not_processed(future: Future | Waiter) -> bool:

@@ -1,0 +1,296 @@
+"""Publishing by lookup (nsqclient/bylookup.py) against a fake owner: the collaborator asks its
+owner only what :class:`PublisherOwner` says, and one retry policy decides for the blocking
+and the asynchronous path alike (each case runs both ways)."""
+
+from __future__ import annotations
+
+import inspect
+import struct
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from nsqclient.answers import RequestFuture
+from nsqclient.backlog import Backlog
+from nsqclient.bylookup import LookupPublisher, PublisherOwner
+from nsqclient.config import Config
+from nsqclient.errors import (
+    ConnectionClosedError,
+    FailedOnNotLeaderError,
+    InvalidTraceIDError,
+    NSQTimeoutError,
+)
+from nsqclient.outer import OuterFutures
+from nsqclient.producer import Producer
+from nsqclient.publishes import PublishResult, mpub_builder, pub_builder
+from nsqclient.router import Router
+
+TIMEOUT = 10.0
+
+
+class FakeLookupd:
+    """A youzan lookupd for topics of one partition, whose leader is ``ports[0]`` and moves
+    to the next one each time ``move()`` is called."""
+
+    def __init__(self, *ports: int) -> None:
+        self.ports = list(ports)
+        self.asked = 0
+
+    def move(self) -> None:
+        self.ports.pop(0)
+
+    def lookup(self, topic: str, access: str | None, metainfo: bool) -> dict[str, Any]:
+        self.asked += 1
+        leader = {"broadcast_address": "h", "tcp_port": self.ports[0]}
+        return {
+            "channels": ["c"],
+            "producers": [leader],
+            "partitions": {"0": leader},
+            "meta": {"partition_num": 1, "extend_support": True},
+        }
+
+
+class FakePool:
+    def __init__(self, lookupd: FakeLookupd) -> None:
+        self.lookupd = lookupd
+
+    def refresh_members(self) -> list[str]:
+        return []
+
+    def first(self, ask: Callable[[Any], Any]) -> Any:
+        return ask(self.lookupd)
+
+
+class FakeEndpoint:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.dropped = 0
+
+    def drop(self) -> None:
+        self.dropped += 1
+
+
+class FakeOwner:
+    """A Producer as publishing by lookup sees it: each write takes the next outcome of
+    ``outcomes`` (bytes: nsqd's answer; an exception: the write or the answer failed), and
+    is recorded as (how, command, addresses)."""
+
+    def __init__(self, outcomes: list[bytes | BaseException]):
+        self.outcomes = outcomes
+        self.writes: list[tuple[str, bytes, list[str] | None]] = []
+        self.closed = False
+        self.endpoints: dict[str, FakeEndpoint] = {}
+
+    def endpoint(self, address: str) -> FakeEndpoint:
+        return self.endpoints.setdefault(address, FakeEndpoint(address))
+
+    def _next(self, how: str, command: bytes, endpoints: list[Any] | None) -> Any:
+        self.writes.append(
+            (how, command, None if endpoints is None else [e.address for e in endpoints])
+        )
+        return self.outcomes.pop(0) if self.outcomes else ConnectionClosedError("none left")
+
+    def publish_on(self, command, endpoints, timeout, deadline, event) -> bytes:
+        outcome = self._next("blocking", command, endpoints)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def submit_now(self, command, endpoints) -> Future | None:
+        return None  # nothing connected: the first attempt goes to the backlog
+
+    def submit_connecting(self, command, endpoints, deadline, first) -> Future:
+        outcome = self._next("first" if first else "retry", command, endpoints)
+        future = RequestFuture()
+        if isinstance(outcome, ConnectionClosedError) and not outcome.maybe_processed:
+            raise outcome  # could not connect: nothing written
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+        return future
+
+
+class Parts:
+    def __init__(
+        self, outcomes: list[bytes | BaseException], lookup: bool = True, **options: Any
+    ) -> None:
+        self.lookupd = FakeLookupd(4001, 4002, 4003, 4004, 4005) if lookup else None
+        self.owner = FakeOwner(outcomes)
+        self.config = Config(**options)
+        router = Router(FakePool(self.lookupd), 60.0) if self.lookupd else None  # type: ignore[arg-type]
+        self.failed: list[RequestFuture] = []
+        self.outers = OuterFutures(
+            self.failed.append, self.config.pub_timeout, lambda a: None, lambda: None
+        )
+        self.publisher = LookupPublisher(
+            self.owner,  # type: ignore[arg-type]
+            router,
+            self.config,
+            Backlog("test"),
+            self.outers,
+        )
+
+    def publish(self, way: str, topic: str = "t", **kwargs: Any) -> Any:
+        """Publish ``b"m"`` to ``topic`` the blocking or the asynchronous way; return what
+        pub() returns or raise what it raises (for async: what the Future holds)."""
+        trace_id = kwargs.pop("trace_id", None)
+        ext = kwargs.pop("ext", None)
+        router = self.publisher.router
+        if kwargs.pop("batch", False):
+            build, traced = mpub_builder(router, False, topic, [b"m", b"n"], None, trace_id, ext)
+        else:
+            build, traced = pub_builder(router, False, topic, b"m", None, trace_id, ext)
+        partition, key = kwargs.pop("partition", None), kwargs.pop("key", None)
+        if way == "blocking":
+            return self.publisher.publish(topic, build, traced, None, partition, key)
+        future = self.publisher.submit(topic, build, traced, partition, key)
+        return future.result(TIMEOUT)
+
+    def leader_moved(self, topic: str = "t") -> None:
+        """The route of ``topic`` is cached (an earlier publish looked it up); then its
+        leader moves."""
+        assert self.publisher.router is not None and self.lookupd is not None
+        self.publisher.router.route(topic)
+        self.lookupd.move()
+
+    def addresses(self) -> list[list[str] | None]:
+        return [addresses for _, _, addresses in self.owner.writes]
+
+
+WAYS = ["blocking", "async"]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_moved_leader_is_looked_up_again_and_the_publish_goes_there(way):
+    parts = Parts([FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER"), b"OK"])
+    parts.leader_moved()
+    answer = parts.publish(way)
+    assert answer == (None if way == "blocking" else b"OK")
+    assert parts.addresses() == [["h:4001"], ["h:4002"]]
+    assert parts.lookupd is not None and parts.lookupd.asked == 2
+    if way == "async":  # the first from the backlog, the retry connecting until its deadline
+        assert [how for how, _, _ in parts.owner.writes] == ["first", "retry"]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_route_the_failed_attempt_looked_up_itself_is_kept_for_one_retry(way):
+    """Only a route fetched before the failed attempt began is thrown away: one it fetched
+    is as fresh as lookup can tell; the retry after that one looks up again."""
+    refusals: list[bytes | BaseException] = [
+        FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER") for _ in range(2)
+    ]
+    parts = Parts([*refusals, b"OK"])
+    parts.publish(way)
+    assert parts.addresses() == [["h:4001"], ["h:4001"], ["h:4001"]]
+    assert parts.lookupd is not None and parts.lookupd.asked == 2  # before the third attempt
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_stale_route_refusals_are_retried_at_most_leader_retries_times(way):
+    refusals: list[bytes | BaseException] = [
+        FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER") for _ in range(4)
+    ]
+    parts = Parts(refusals, leader_retries=2)
+    with pytest.raises(FailedOnNotLeaderError):
+        parts.publish(way)
+    assert len(parts.owner.writes) == 3  # 1 + leader_retries
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_gone_leader_is_retried_until_the_deadline_then_nothing_was_sent(way):
+    gone: list[bytes | BaseException] = [
+        ConnectionClosedError("refused", maybe_processed=False) for _ in range(50)
+    ]
+    parts = Parts(gone, pub_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(
+        NSQTimeoutError, match="no leader of 't' could be reached within 0.5s"
+    ) as info:
+        parts.publish(way)
+    assert not info.value.maybe_processed
+    assert isinstance(info.value.__cause__, ConnectionClosedError)
+    assert 0.2 < time.monotonic() - started < 0.5 + 0.5
+    assert len(parts.owner.writes) >= 3  # 0.1, 0.2 ... between attempts
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_publish_that_may_have_been_stored_is_not_retried(way):
+    parts = Parts([ConnectionClosedError("died", maybe_processed=True), b"OK"])
+    with pytest.raises(ConnectionClosedError, match="died"):
+        parts.publish(way)
+    assert len(parts.owner.writes) == 1
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_nothing_is_retried_once_the_owner_is_closed(way):
+    parts = Parts([FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER"), b"OK"])
+    parts.owner.closed = True
+    if way == "async":
+        with pytest.raises(ConnectionClosedError, match="closed"):
+            parts.publish(way)
+        assert parts.owner.writes == []
+        return
+    with pytest.raises(FailedOnNotLeaderError):
+        parts.publish(way)
+    assert len(parts.owner.writes) == 1
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_traced_publish_answers_a_publish_result(way):
+    reply = struct.pack(">2sQQQI", b"OK", (0 << 50) | 7, 42, 1000, 60)
+    parts = Parts([reply])
+    result = parts.publish(way, trace_id=42)
+    assert result == PublishResult(7, 42, 1000, 60, 0, "h:4001")
+    assert parts.owner.writes[0][1].startswith(b"PUB_TRACE t 0\n")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_refused_mpub_ext_drops_its_connection(way):
+    parts = Parts([InvalidTraceIDError("E_INVALID_TRACE_ID")])
+    with pytest.raises(InvalidTraceIDError):
+        parts.publish(way, batch=True, ext={"k": "v"})
+    assert parts.owner.endpoints["h:4001"].dropped == 1
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_without_lookupd_the_given_addresses_take_youzans_forms_once(way):
+    parts = Parts([FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER"), b"OK"], lookup=False)
+    with pytest.raises(FailedOnNotLeaderError):
+        parts.publish(way, partition=1)
+    assert parts.owner.writes[0][1].startswith(b"PUB t 1\n")
+    assert parts.addresses() == [None]  # the Producer's own addresses
+    with pytest.raises(ValueError, match="key= needs lookupd_http_addresses"):
+        parts.publish(way, key="k")
+
+
+def test_the_producer_is_its_owner_and_inherits_from_nothing_else():
+    assert Producer.__mro__ == (Producer, object)
+    wanted = {
+        name
+        for name, _ in inspect.getmembers(PublisherOwner)
+        if not name.startswith("_") or name == "closed"
+    }
+    assert wanted == {"closed", "endpoint", "publish_on", "submit_now", "submit_connecting"}
+    for name in wanted:
+        assert hasattr(Producer, name), name
+    for name in wanted - {"closed"}:
+        ours = inspect.signature(getattr(Producer, name)).parameters
+        theirs = inspect.signature(getattr(PublisherOwner, name)).parameters
+        assert list(ours)[: len(theirs)] == list(theirs), name
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_stale_route_refusal_is_not_retried_past_the_publishs_timeout(way):
+    refusals: list[bytes | BaseException] = [
+        FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER") for _ in range(10)
+    ]
+    parts = Parts(refusals, pub_timeout=0.35, leader_retries=10)
+    started = time.monotonic()
+    with pytest.raises(FailedOnNotLeaderError):
+        parts.publish(way)
+    assert time.monotonic() - started < 0.35 + 0.2
+    assert len(parts.owner.writes) == 3  # waits 0.1 and 0.2; 0.4 more would pass 0.35
