@@ -7,7 +7,6 @@ reading nsqd's ``/stats``, waiting for a channel to drain, consuming with a bare
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from .. import protocol
 from ..config import Config
 from ..conn import Connection
 from ..http import NsqdHTTPClient
+from .nodes import free_ports
 from .waiting import wait_for
 
 __all__ = [
@@ -136,10 +136,9 @@ def consume(node: Any, topic: str, count: int) -> list[bytes]:
 
 
 def free_port() -> int:
-    """A loopback TCP port nobody listens on (free a moment ago)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port nobody listens on (free a moment ago); several at once that differ:
+    :func:`~nsqclient.testing.nodes.free_ports`."""
+    return free_ports(1)[0]
 
 
 def nsq_threads() -> set[threading.Thread]:

@@ -1,10 +1,12 @@
-"""Where an nsqd or nsqlookupd listens: shared by the embedded NSQ and the real-binary runner."""
+"""Where an nsqd or nsqlookupd listens, and free ports to listen on: shared by the embedded NSQ,
+the real-binary runner and the tests."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
-__all__ = ["Listeners", "Node", "LookupdNode"]
+__all__ = ["Listeners", "Node", "LookupdNode", "free_ports"]
 
 
 class Listeners:
@@ -45,3 +47,18 @@ class Node(Listeners):
 
 class LookupdNode(Node):
     """Where the nsqlookupd listens (TCP for nsqd registration, HTTP for lookups)."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports on ``host`` that were free a moment ago (bound all at once,
+    so they differ, then released for a server to take)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .gostyle.flags import duration_flag
-from .nodes import LookupdNode, Node
+from .nodes import LookupdNode, Node, free_ports
 
 __all__ = ["Node", "LookupdNode", "RealNSQ", "RealNSQError", "nsqd_flags"]
 
@@ -117,20 +116,6 @@ def nsqd_flags(options: dict[str, Any]) -> list[str]:
         for item in values:
             flags.append(f"{flag}={_flag_value(name, item)}")
     return flags
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback TCP ports that were free a moment ago."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _http_get(url: str, timeout: float) -> tuple[int, bytes]:
@@ -486,7 +471,7 @@ class RealNSQ:
 
     def _start_new_lookupd(self, attempts: int = 3) -> None:
         for attempt in range(attempts):
-            tcp_port, http_port = _free_ports(2)
+            tcp_port, http_port = free_ports(2)
             slot = _LookupdSlot(LookupdNode(HOST, tcp_port, http_port))
             self._lookupd_slot = slot
             try:
@@ -523,7 +508,7 @@ class RealNSQ:
         index = len(self._nsqd_slots)
         wants_https = bool(options.get("tls_cert"))
         for attempt in range(attempts):
-            ports = _free_ports(3 if wants_https else 2)
+            ports = free_ports(3 if wants_https else 2)
             node = Node(HOST, ports[0], ports[1], ports[2] if wants_https else None)
             data_path = self.data_dir / f"nsqd{index}"
             data_path.mkdir(parents=True, exist_ok=True)

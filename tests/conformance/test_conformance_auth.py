@@ -8,7 +8,7 @@ import pytest
 from rawclient import RawConn, assert_alive, assert_refused, channel_stats
 
 from nsqclient import protocol
-from nsqclient.testing.real import _free_ports
+from nsqclient.testing.nodes import free_ports
 from nsqclient.testing.waiting import wait_for
 
 SECRETS = {
@@ -155,6 +155,6 @@ def test_expired_authorization_is_fetched_again(authed):
 
 
 def test_unreachable_auth_server_fails_auth(nsq_cluster_factory):
-    [dead_port] = _free_ports(1)
+    [dead_port] = free_ports(1)
     cluster = nsq_cluster_factory(auth_http_address=f"127.0.0.1:{dead_port}")
     assert_refused(RawConn(cluster.nsqd), protocol.auth("good"), "E_AUTH_FAILED AUTH failed")

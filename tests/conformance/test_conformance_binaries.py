@@ -25,8 +25,8 @@ from rawclient import RawConn
 from nsqclient import protocol
 from nsqclient.testing import EmbeddedNSQ
 from nsqclient.testing.auth_server import AuthServer
+from nsqclient.testing.nodes import free_ports
 from nsqclient.testing.pytest_plugin import real_bin_dir
-from nsqclient.testing.real import _free_ports
 from nsqclient.testing.waiting import wait_for
 
 CERTS = Path(__file__).resolve().parent.parent / "certs"
@@ -109,7 +109,7 @@ def spawn(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[.
     made: list[Server] = []
 
     def make(binary: str, *flags: str, ports: tuple[int, int] | None = None) -> Server:
-        tcp, http = ports or tuple(_free_ports(2))
+        tcp, http = ports or tuple(free_ports(2))
         if binary == "nsqd" and not any(f.startswith("--data-path=") for f in flags):
             # nsqd's default data path is the working directory, locked by one process
             own = tmp_path / f"data-{len(made)}"
@@ -277,7 +277,7 @@ def test_client_certificate_policies(spawn, tmp_path):
     tls_flags = [f"--tls-cert={ours[0]}", f"--tls-key={ours[1]}", f"--tls-root-ca-file={ours[0]}"]
 
     def https() -> str:
-        return f"--https-address=127.0.0.1:{_free_ports(1)[0]}"
+        return f"--https-address=127.0.0.1:{free_ports(1)[0]}"
 
     stranger = _other_certificate(tmp_path)
 
