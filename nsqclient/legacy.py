@@ -16,6 +16,9 @@
   ``read_response``, plus ``close``.
 * ``AsyncConn`` was pynsq's tornado connection, driven by the IOLoop's callbacks.  Making one
   raises NotImplementedError naming what to use instead.
+
+``__all__`` is the one list of these names: ``nsqclient.compat`` and the top level re-export
+it.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ from . import protocol
 from .checks import check_float
 from .errors import ConnectionClosedError, ProtocolError
 from .message import Message
-from .protocol import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from .protocol import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, MAGIC_V2
 
+#: pynsq's names below Reader and Writer (and DPUB's encoder), each at nsqclient's top level.
 __all__ = [
     "FRAME_TYPE_RESPONSE",
     "FRAME_TYPE_ERROR",
     "FRAME_TYPE_MESSAGE",
-    "MAGIC_V2",
     "unpack_response",
     "decode_message",
     "valid_topic_name",
@@ -56,9 +59,6 @@ __all__ = [
     "SyncConn",
     "AsyncConn",
 ]
-
-#: The 4 bytes a client sends first (protocol V2).
-MAGIC_V2 = b"  V2"
 
 _I32 = struct.Struct(">l")
 

@@ -68,25 +68,8 @@ Deliberate differences from pynsq:
 from __future__ import annotations
 
 from ..errors import ConnectionClosedError, ProtocolError
-from ..legacy import (
-    FRAME_TYPE_ERROR,
-    FRAME_TYPE_MESSAGE,
-    FRAME_TYPE_RESPONSE,
-    decode_message,
-    dpub,
-    finish,
-    identify,
-    mpub,
-    nop,
-    pub,
-    ready,
-    requeue,
-    subscribe,
-    touch,
-    unpack_response,
-    valid_channel_name,
-    valid_topic_name,
-)
+from ..legacy import *  # noqa: F403 - pynsq's names below Reader and Writer (legacy.__all__)
+from ..legacy import __all__ as _legacy_names
 from ..message import Message
 from .errors import Error, IntegrityError, SendError
 from .reader import LegacyReader, Reader
@@ -95,6 +78,8 @@ from .runtime import run, stop
 from .runtime import shutdown as _shutdown  # noqa: F401 - stops every Reader and Writer
 from .writer import Writer
 
+# The drop-in's names: those defined above Reader and Writer, then nsqclient.legacy's.  Each name
+# is written once, in the __all__ of the module that provides it; nsqclient re-exports this one.
 __all__ = [
     "Reader",
     "Writer",
@@ -107,21 +92,14 @@ __all__ = [
     "ConnectionClosedError",
     "IntegrityError",
     "ProtocolError",
-    "valid_topic_name",
-    "valid_channel_name",
-    "FRAME_TYPE_RESPONSE",
-    "FRAME_TYPE_ERROR",
-    "FRAME_TYPE_MESSAGE",
-    "unpack_response",
-    "decode_message",
-    "identify",
-    "subscribe",
-    "ready",
-    "finish",
-    "touch",
-    "requeue",
-    "nop",
-    "pub",
-    "mpub",
-    "dpub",
 ]
+__all__ += _legacy_names
+
+#: The drop-in's names that pynsq 0.9.1's ``nsq.__all__`` did not have.
+ADDED_NAMES = frozenset(
+    {"stop", "dpub", "SendError", "ConnectionClosedError", "IntegrityError", "ProtocolError"}
+)
+
+#: pynsq 0.9.1's ``nsq.__all__``, every name of which is here (and at nsqclient's top level)
+#: with pynsq's signature.
+PYNSQ_NAMES = tuple(name for name in __all__ if name not in ADDED_NAMES)
