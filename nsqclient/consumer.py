@@ -34,14 +34,12 @@ from .backoff import BackoffMode, BackoffState
 from .checks import check_float, check_int
 from .config import Config, check_owner
 from .conn import Connection
-from .discovery import Discovery, run_hook
+from .discovery import Discovery
 from .discovery import split_key as split_key  # re-exported (subscription keys)
 from .discovery import target_key as target_key
-from .errors import (
-    NSQError,
-    ServerError,
-)
-from .message import Message, RequeueMessage
+from .errors import NSQError, ServerError
+from .handling import Handling
+from .message import Message
 from .observe import ObserverSet, tell
 from .rdy import is_starved, needs_refill
 from .rdy_balancer import ConnInfo, RdyBalancer, conn_views, send_rdy
@@ -52,8 +50,6 @@ __all__ = ["Consumer", "ConnectionCounts"]
 logger = logging.getLogger("nsqclient.consumer")
 
 Handler = Callable[[Message], Any]
-
-trace_logger = logging.getLogger("nsqclient.trace")
 
 _conn_of = operator.attrgetter("_conn")
 
@@ -168,7 +164,6 @@ class Consumer:
         self.channel = protocol.check_channel_name(channel)
         if handler is not None and not callable(handler):
             raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
-        self.handler = handler
         #: pull mode (no handler): messages wait in the work queue until take()
         self._pull = handler is None
         check_owner(options, "Consumer")
@@ -196,9 +191,6 @@ class Consumer:
             on_disconnect=on_disconnect,
         )
         self.on_out_of_order = on_out_of_order
-        #: youzan, ordered: the highest disk queue offset seen per partition
-        self._offsets: dict[int, int] = {}
-        self._tracing = self.config.trace
         #: the error that stopped the consumer for good (see error)
         self._error: NSQError | None = None
         self.giving_up = giving_up
@@ -263,10 +255,32 @@ class Consumer:
         )
         #: pull mode: messages taken and not answered yet (stop() requeues what is left)
         self._held = self._responder.held
-        self._finish_message = self._responder.finish_message
+        self._handling = Handling(
+            self,
+            handler,
+            ordered=self.ordered,
+            max_tries=self._max_tries,
+            tracing=self.config.trace,
+            observers=self._observers,
+            finish=self._responder.finish_message,
+            count=self._count,
+        )
+        # bound once: a worker's and take()'s calls cost what a method of the Consumer's did
+        self._handle = self._handling.handle
+        self._prepare = self._handling.prepare
+        self._check_offset = self._handling.check_offset
 
     def __repr__(self) -> str:
         return f"<Consumer {self.topic}/{self.channel} connections={len(self._conns)}>"
+
+    @property
+    def handler(self) -> Handler | None:
+        """The handler (None: pull mode)."""
+        return self._handling.handler
+
+    @handler.setter
+    def handler(self, handler: Handler | None) -> None:
+        self._handling.handler = handler
 
     @property
     def on_connect(self) -> Callable[[str], Any] | None:
@@ -482,13 +496,15 @@ class Consumer:
     @property
     def tracing(self) -> bool:
         """True while each message's trace id is logged (see :meth:`set_tracing`)."""
-        return self._tracing
+        return self._handling.tracing
+
+    _tracing = tracing  # (spark.fleet reads it)
 
     def set_tracing(self, enabled: bool) -> None:
         """Switch message tracing on or off at run time: while on, every message received is
         logged at INFO on ``nsqclient.trace`` (topic, partition, nsqd, message id, trace id,
         offset, arrival time) before its handler runs."""
-        self._tracing = bool(enabled)
+        self._handling.tracing = bool(enabled)
 
     # ======================================================== DiscoveryOwner (via _Delegate)
 
@@ -513,6 +529,10 @@ class Consumer:
         observers = self._observers.active
         if observers:
             tell(observers, "connection_lost", self, key, reason)
+
+    def _count(self, counter: str) -> None:
+        with self._lock:
+            self._stats[counter] += 1
 
     def _fail(self, error: NSQError) -> None:
         """Stop for good: a subscription was refused in a way no reconnect can change."""
@@ -760,138 +780,3 @@ class Consumer:
                 busy[index] = False
                 if self._stopping.is_set():
                     self._idle.set()
-
-    def _handle(self, message: Message) -> None:
-        observers = self._observers.active
-        if observers:
-            tell(observers, "handler_started", self, message)
-        error: BaseException | None = None
-        try:
-            if self._prepare([message]):
-                error = self._run_handler(message)
-        finally:
-            if observers:
-                tell(observers, "handler_ended", self, message, error)
-
-    def _run_handler(self, message: Message) -> BaseException | None:
-        """Run the handler on ``message`` and answer for it as the handler contract says;
-        return what it raised (None when it returned)."""
-        started = time.monotonic()
-        error: BaseException | None = None
-        handler = self.handler
-        assert handler is not None  # workers run only in handler mode
-        try:
-            result = handler(message)
-        except RequeueMessage as req:
-            error = req
-            if not message.has_responded():
-                message.requeue(req.delay, req.backoff)
-        except Exception as exc:
-            error = exc
-            logger.exception("handler failed on message %r; requeueing", message.id)
-            with self._lock:
-                self._stats["handler_errors"] += 1
-            if not message.has_responded():
-                message.requeue(backoff=True)
-        else:
-            if not message._async and not message._responded:
-                if result is False:
-                    message.requeue(backoff=True)
-                elif message._claim("finish"):
-                    self._finish_message(message)
-        now = time.monotonic()
-        # nsqd's timer runs from delivery, and restarts at each TOUCH.
-        held = now - (message.touched_at or message.received_at)
-        if held < 1.0:  # below any msg_timeout nsqd allows: the common case, decided here
-            return error
-        conn = message._conn
-        if conn is not None and held > conn.msg_timeout:
-            elapsed = now - started
-            with self._lock:
-                self._stats["timed_out_locally"] += 1
-            logger.warning(
-                "handler took %.1fs on message %r, past nsqd's msg_timeout of %.1fs: nsqd has "
-                "probably redelivered it; call message.touch() in long handlers",
-                elapsed,
-                message.id,
-                conn.msg_timeout,
-            )
-        return error
-
-    def _prepare(self, messages: list[Message]) -> list[Message]:
-        """What every message goes through before user code sees it, a handler's or a
-        taker's: the trace log, youzan's ordered-offset check, and the give-up at
-        ``max_tries`` (those given up on are answered here and left out of what it returns).
-        Checks per message only what is switched on."""
-        if self._tracing:
-            for message in messages:
-                self._trace(message)
-        if self.ordered:
-            for message in messages:
-                self._check_offset(message)
-            return messages  # ordered: never given up on (nothing behind it may be skipped)
-        max_tries = self._max_tries
-        if not max_tries:
-            return messages
-        if not any(m.attempts > max_tries for m in messages):
-            return messages
-        kept = []
-        for message in messages:
-            if message.attempts > max_tries:
-                self._give_up(message)
-            else:
-                kept.append(message)
-        return kept
-
-    def _trace(self, message: Message) -> None:
-        trace_logger.info(
-            "received topic=%s partition=%s nsqd=%s message_id=%s trace_id=%s offset=%s"
-            " attempts=%d at=%.6f",
-            self.topic,
-            message.partition,
-            message.nsqd_address,
-            message.internal_id if message.internal_id is not None else message.id,
-            message.trace_id,
-            message.offset,
-            message.attempts,
-            time.time() - (time.monotonic() - message.received_at),
-        )
-
-    def _give_up(self, message: Message) -> None:
-        """``message`` came more than ``max_tries`` times: tell, run ``giving_up``, FIN."""
-        with self._lock:
-            self._stats["given_up"] += 1
-        observers = self._observers.active
-        if observers:
-            tell(observers, "message_given_up", self, message)
-        try:
-            if self.giving_up is not None:
-                self.giving_up(message)
-            else:
-                logger.warning(
-                    "giving up on message %r after %d attempts", message.id, message.attempts
-                )
-        except Exception:
-            logger.exception("giving_up callback failed")
-        if not message.has_responded():
-            message.finish()
-
-    def _check_offset(self, message: Message) -> None:
-        """Ordered consumption: a partition's offsets never go down (a redelivery repeats
-        the same offset); run on_out_of_order when one does."""
-        offset, partition = message.offset, message.partition
-        if offset is None or partition is None:
-            return
-        with self._lock:
-            last = self._offsets.get(partition)
-            if last is None or offset >= last:
-                self._offsets[partition] = offset
-                return
-        logger.warning(
-            "partition %d of %s: message at offset %d after offset %d",
-            partition,
-            self.topic,
-            offset,
-            last,
-        )
-        run_hook(self.on_out_of_order, message, last)

@@ -1,0 +1,140 @@
+"""A message's way to user code, without sockets: the checks before (trace, ordered offsets,
+give-up at max_tries) and the handler contract after, with a recording responder."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from nsqclient.handling import Handling
+from nsqclient.message import Message, RequeueMessage
+from nsqclient.observe import ObserverSet
+from nsqclient.protocol import DecodedMessage
+
+
+class Responder:
+    def __init__(self) -> None:
+        self.answers: list[tuple[Any, ...]] = []
+
+    def finish_message(self, message: Message) -> None:
+        self.answers.append(("FIN", message.body))
+
+    def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
+        self.answers.append(("REQ", message.body, delay, backoff))
+
+    def touch_message(self, message: Message) -> None:
+        self.answers.append(("TOUCH", message.body))
+
+
+class Subject:
+    topic = "t"
+
+    def __init__(self) -> None:
+        self.giving_up: Any = None
+        self.on_out_of_order: Any = None
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] = []
+
+    def handler_started(self, consumer: Any, message: Message) -> None:
+        self.seen.append(("started", message.body))
+
+    def handler_ended(self, consumer: Any, message: Message, error: Any) -> None:
+        self.seen.append(("ended", message.body, type(error).__name__ if error else None))
+
+    def message_given_up(self, consumer: Any, message: Message) -> None:
+        self.seen.append(("given_up", message.body))
+
+
+def make(handler: Any = None, **settings: Any) -> tuple[Handling, Responder, Counter[str]]:
+    responder, counts = Responder(), Counter[str]()
+    subject = Subject()
+    options = {"ordered": False, "max_tries": 0, "tracing": False, **settings}
+    handling = Handling(
+        subject,
+        handler,
+        observers=ObserverSet(subject),
+        finish=responder.finish_message,
+        count=lambda name: counts.update([name]),
+        **options,
+    )
+    return handling, responder, counts
+
+
+def message(
+    responder: Responder, body: bytes, attempts: int = 1, partition: int | None = None, **kw: Any
+) -> Message:
+    decoded = DecodedMessage(0, attempts, b"0" * 16, body, **kw)
+    return Message(decoded, responder=responder, partition=partition)
+
+
+def test_the_handler_contract() -> None:
+    def handler(m: Message) -> Any:
+        if m.body == b"raise":
+            raise ValueError("bad")
+        if m.body == b"req":
+            raise RequeueMessage(delay=3, backoff=False)
+        if m.body == b"async":
+            m.enable_async()
+        return m.body != b"false"
+
+    handling, responder, counts = make(handler)
+    for body in (b"ok", b"false", b"raise", b"req", b"async"):
+        handling.run_handler(message(responder, body))
+    assert responder.answers == [
+        ("FIN", b"ok"),
+        ("REQ", b"false", None, True),
+        ("REQ", b"raise", None, True),
+        ("REQ", b"req", 3, False),
+    ]
+    assert counts == {"handler_errors": 1}
+
+
+def test_observers_see_each_handler_run() -> None:
+    handling, responder, _ = make(lambda m: 1 / 0)
+    events = Events()
+    handling._observers.add(events)
+    handling.handle(message(responder, b"x"))
+    assert events.seen == [("started", b"x"), ("ended", b"x", "ZeroDivisionError")]
+
+
+def test_a_message_past_max_tries_is_given_up_and_finished() -> None:
+    handling, responder, counts = make(max_tries=3)
+    given: list[bytes] = []
+    handling._consumer.giving_up = lambda m: given.append(m.body)
+    events = Events()
+    handling._observers.add(events)
+    kept = handling.prepare([message(responder, b"a", 3), message(responder, b"b", 4)])
+    assert [m.body for m in kept] == [b"a"]
+    assert given == [b"b"] and responder.answers == [("FIN", b"b")]
+    assert counts == {"given_up": 1} and events.seen == [("given_up", b"b")]
+
+
+def test_ordered_never_gives_up_and_reports_an_offset_going_back() -> None:
+    handling, responder, _ = make(ordered=True, max_tries=1)
+    back: list[tuple[bytes, int]] = []
+    handling._consumer.on_out_of_order = lambda m, last: back.append((m.body, last))
+    kept = handling.prepare(
+        [
+            message(responder, b"a", 9, offset=10, raw_size=1, partition=0),
+            message(responder, b"a", 9, offset=10, raw_size=1, partition=0),
+            message(responder, b"b", 1, offset=20, raw_size=1, partition=1),
+            message(responder, b"c", 1, offset=5, raw_size=1, partition=0),
+        ]
+    )
+    assert len(kept) == 4 and back == [(b"c", 10)]
+
+
+def test_tracing_logs_each_message_while_on(caplog: pytest.LogCaptureFixture) -> None:
+    handling, responder, _ = make()
+    caplog.set_level(logging.INFO, "nsqclient.trace")
+    handling.prepare([message(responder, b"x")])
+    handling.tracing = True
+    handling.prepare([message(responder, b"y")])
+    [record] = caplog.records
+    assert record.getMessage().startswith("received topic=t ")
