@@ -298,6 +298,8 @@ def test_handler_returning_none_is_requeued_after_msg_timeout(nsqd, caplog):
         assert handled.wait(10)
         wait_for(lambda: reader.consumer.stats()["requeued"] == 1)
     assert any("returned None" in r.getMessage() for r in caplog.records)
+    # the delay is the msg_timeout nsqd gave the connection (IDENTIFY asked for 30 s)
+    assert any("requeueing it in 30.0s" in r.getMessage() for r in caplog.records)
     assert reader.consumer.stats()["backoff_level"] == 0  # requeued without backoff
     # nsqd holds it deferred (for msg_timeout), not in flight: the slot was freed at once.
     wait_for(

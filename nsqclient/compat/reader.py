@@ -238,11 +238,11 @@ class Reader(metaclass=Registered):
     @property
     def total_rdy(self) -> int:
         """The sum of the RDY counts last sent."""
-        return sum(c.rdy for c in self._consumer.connections())
+        return sum(counts.rdy for counts in self._consumer.connection_counts())
 
     def connection_max_in_flight(self) -> int:
         """max_in_flight divided among the connections (at least 1)."""
-        return max(1, self.max_in_flight // max(1, len(self._consumer.connections())))
+        return max(1, self.max_in_flight // max(1, len(self._consumer.connection_counts())))
 
     _connection_max_in_flight = connection_max_in_flight
 
@@ -367,8 +367,7 @@ class Reader(metaclass=Registered):
             else:
                 message.requeue()
             return
-        conn = message._conn
-        delay = conn.msg_timeout if conn is not None else 60.0
+        delay = self._msg_timeout(message.nsqd_address)
         logger.error(
             "[%s] handler returned %r for message %s: return True (finish) or False (requeue), "
             "or call message.enable_async(); requeueing it in %.1fs (nsqd's msg_timeout) "
@@ -379,6 +378,14 @@ class Reader(metaclass=Registered):
             delay,
         )
         message.requeue(delay=delay, backoff=False)
+
+    def _msg_timeout(self, address: str) -> float:
+        """The msg_timeout (seconds) nsqd at ``address`` gave this Reader's connection; 60
+        (nsqd's default) when that connection is gone."""
+        for conn in self._consumer.connections():
+            if conn.address == address:
+                return conn.msg_timeout
+        return 60.0
 
     def _poll_disabled(self) -> None:
         """Apply an overridden :meth:`disabled` (called by :func:`run`'s loop)."""

@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from ..addresses import nsqd_addresses
+from ..addresses import nsqd_addresses, split_host_port
 from ..checks import check_int
-from ..conn import parse_address
 from ..errors import ConnectionClosedError, NSQError
 from ..producer import Producer
 from ..tornado_bridge import LoopStopped
@@ -32,7 +31,7 @@ class _ConnRef:
     __slots__ = ("host", "port")
 
     def __init__(self, address: str):
-        self.host, self.port = parse_address(address)
+        self.host, self.port = split_host_port(address)
 
     @property
     def id(self) -> str:
