@@ -11,8 +11,9 @@ policy (:class:`Attempts`) decides for the blocking path, which sleeps between a
 the asynchronous one, which waits on a timer.  Without lookupd (no router) the same path sends
 youzan's forms (a partition, a trace id, ext headers) to the Producer's given addresses, once.
 
-:class:`LookupPublisher` is a collaborator the Producer owns; what it asks of the Producer is
-written down as :class:`PublisherOwner`.
+:class:`LookupPublisher` is a collaborator the Producer owns, beside the pool of nsqd endpoints
+(:class:`~nsqclient.pool.Pool`) it writes through; what it asks of that pool is written down as
+the Protocol :class:`PublishingPool`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     #: Producer's given addresses)
     Target = tuple[int | None, list[Endpoint] | None]
 
-__all__ = ["Attempts", "LookupPublisher", "PublisherOwner"]
+__all__ = ["Attempts", "LookupPublisher", "PublishingPool"]
 
 logger = logging.getLogger("nsqclient.producer")
 
@@ -55,8 +56,9 @@ logger = logging.getLogger("nsqclient.producer")
 _STALE_ROUTE = (FailedOnNotLeaderError, FailedOnNotWritableError, TopicNotExistError)
 
 
-class PublisherOwner(Protocol):
-    """What publishing by lookup asks of the Producer that owns it."""
+class PublishingPool(Protocol):
+    """What publishing by lookup asks of the pool of nsqd endpoints it writes through (the
+    Producer's :class:`~nsqclient.pool.Pool`)."""
 
     @property
     def closed(self) -> bool:
@@ -145,7 +147,7 @@ class Attempts:
         attempt took its own is thrown away: another publish may have a fresh one)."""
         publisher = self.publisher
         router = publisher.router
-        if router is None or publisher.owner.closed:
+        if router is None or publisher.pool.closed:
             return exc
         retries = self.retries
         if _leader_gone(exc):
@@ -182,7 +184,7 @@ class LookupPublisher:
     """Publishes of a Producer that follow lookup or take youzan's forms (see the module).
 
     Args:
-        owner: the Producer (see :class:`PublisherOwner`).
+        pool: the nsqd endpoints it writes through (see :class:`PublishingPool`).
         router: the routes of its topics, by lookup; None without lookupd.
         config: its options (``pub_timeout``, ``leader_retries``).
         backlog: its backlog (a first attempt that could block runs there, in call order).
@@ -191,13 +193,13 @@ class LookupPublisher:
 
     def __init__(
         self,
-        owner: PublisherOwner,
+        pool: PublishingPool,
         router: Router | None,
         config: Config,
         backlog: Backlog,
         outers: OuterFutures,
     ):
-        self.owner = owner
+        self.pool = pool
         self.router = router
         self.config = config
         self._backlog = backlog
@@ -213,7 +215,7 @@ class LookupPublisher:
                 )
             return partition, None
         p, address = router.choose(topic, partition, key)
-        endpoint = self.owner.endpoint
+        endpoint = self.pool.endpoint
         if p is not None:
             return p, [endpoint(address)]
         # classic topic: the chosen nsqd first, the others it is on to fail over to
@@ -244,7 +246,7 @@ class LookupPublisher:
                 if event is not None:
                     event.partition = p
                 try:
-                    reply = self.owner.publish_on(
+                    reply = self.pool.publish_on(
                         command, endpoints, timeout, attempts.deadline, event
                     )
                 except ServerError:
@@ -276,7 +278,7 @@ class LookupPublisher:
         retries run on a timer thread."""
         if key is not None:
             key_bytes(key)
-        if self.owner.closed:
+        if self.pool.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         attempts = Attempts(self, topic, build, partition, key, self.config.pub_timeout)
         outer = self._outers.track(attempts.deadline)
@@ -307,13 +309,13 @@ class LookupPublisher:
             if not self._outers.may_send(outer):
                 return True  # past its deadline: failed, and nothing may be sent now
             if inline:
-                inner = self.owner.submit_now(command, endpoints)
+                inner = self.pool.submit_now(command, endpoints)
                 if inner is None:
                     outer.sent = False  # not sent after all
                     return False
             else:
                 first = attempts.retries == 0
-                inner = self.owner.submit_connecting(command, endpoints, attempts.deadline, first)
+                inner = self.pool.submit_connecting(command, endpoints, attempts.deadline, first)
         except (ValueError, TypeError) as exc:
             if inline:
                 raise  # bad input: at the call site

@@ -20,10 +20,8 @@ Guarantees, stated plainly:
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -37,19 +35,17 @@ from .backlog import Backlog
 from .bylookup import LookupPublisher
 from .checks import check_float
 from .config import Config, check_owner
-from .conn import AnyFuture, Connection, RequestFuture, Waiter
+from .conn import RequestFuture, Waiter
 from .deadlines import DeadlineKeeper
-from .endpoint import CUMULATIVE, Endpoint
 from .errors import (
     ConnectionClosedError,
-    NSQError,
-    NSQTimeoutError,
     UndeliveredError,
 )
 from .lookup import LookupdPool
 from .observe import ObserverSet, PublishEvent, tell
 from .outer import OuterFutures
 from .partitions import key_bytes
+from .pool import Pool
 from .publishes import (
     PublishResult,
     check_not_partitioned,
@@ -120,47 +116,45 @@ class Producer:
             raise ValueError("Producer needs nsqd_tcp_addresses or lookupd_http_addresses")
         check_owner(options, "Producer")
         self.config = Config(**options)
-        self._closed = False
         self._pub_timeout = self.config.pub_timeout
         self._router: Router | None = None
         if lookupds:
             pool = LookupdPool(lookupds, self.config.lookupd_request_timeout)
             self._router = Router(pool, self.config.lookupd_poll_interval)
         self._tracing = self.config.trace
-        self._rr = itertools.count()
         #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
         self._pub_lines: dict[str, bytes] = {}
-        self._start(addresses, addresses[0] if addresses else "lookup")
+        self._start(addresses, addresses[0] if addresses else "lookup", False)
         _producers.add(self)
         self._observers = ObserverSet(self)
 
-    def _start(self, addresses: list[str], name: str) -> None:
+    def _start(self, addresses: list[str], name: str, closed: bool) -> None:
         """The state of this process's publishing: made anew in a forked child."""
         self._pid = os.getpid()
         #: pub_async Futures that failed with nobody looking (flush() and close() report them)
         self._ledger = Ledger()
-        #: the endpoints of the given addresses, in order
-        self._slots = [self._new_endpoint(a) for a in addresses]
         #: every endpoint by address: the given ones and those lookup named
-        self._pool = {s.address: s for s in self._slots}
-        self._pool_lock = threading.Lock()
+        self._pool = Pool(addresses, self.config, self._ledger.note, self._keep_deadlines)
+        self._pool.closed = closed
+        #: the endpoints of the given addresses, in order
+        self._slots = self._pool.given
         #: pub_async work that may block (connecting, lookups), run in order on one thread
         self._backlog = Backlog(name)
         #: asynchronous publishes not yet on a connection, or waiting for a retry by lookup,
         #: and not answered yet (flush and close wait for them)
         self._outers = OuterFutures(
-            self._ledger.note, self._pub_timeout, self._connection_of, self._keep_deadlines
+            self._ledger.note, self._pub_timeout, self._pool.connection_of, self._keep_deadlines
         )
         self._deadlines = DeadlineKeeper(
-            name, self._live_connections, self._pub_timeout, self._outers.expire
+            name, self._pool.live_connections, self._pub_timeout, self._outers.expire
         )
         self._by_lookup = LookupPublisher(
-            self, self._router, self.config, self._backlog, self._outers
+            self._pool, self._router, self.config, self._backlog, self._outers
         )
 
     def __repr__(self) -> str:
         where = [s.address for s in self._slots] or self._router.pool.addresses()  # type: ignore[union-attr]
-        return f"<Producer {where}{' closed' if self._closed else ''}>"
+        return f"<Producer {where}{' closed' if self.closed else ''}>"
 
     def __enter__(self) -> Producer:
         return self
@@ -220,7 +214,7 @@ class Producer:
             return self._observed(observers, "PUB", False, topic, body, timeout, None, partition,
                                   key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
-            self.publish_on(self._pub_command(topic, body), None, timeout)
+            self._pool.publish_on(self._pub_command(topic, body), None, timeout)
             return None
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
@@ -245,7 +239,7 @@ class Producer:
             return self._observed(observers, "MPUB", False, topic, bodies, timeout, None,
                                   partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
-            self.publish_on(protocol.mpub(topic, bodies), None, timeout)
+            self._pool.publish_on(protocol.mpub(topic, bodies), None, timeout)
             return None
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
@@ -264,7 +258,7 @@ class Producer:
             return
         command = protocol.dpub(topic, _delay_ms(delay), body)
         if self._router is None:
-            self.publish_on(command, None, timeout)
+            self._pool.publish_on(command, None, timeout)
             return
         check_not_partitioned(self._router, topic)
         self._by_lookup.publish(topic, lambda p: command, False, timeout, None, None)
@@ -409,7 +403,7 @@ class Producer:
                 return future
             answer: bytes | PublishResult
             if build is None:
-                answer = self.publish_on(wire, None, timeout, event=event)
+                answer = self._pool.publish_on(wire, None, timeout, event=event)
                 result = None
             else:
                 result = self._by_lookup.publish(
@@ -504,10 +498,9 @@ class Producer:
         deadline = time.monotonic() + timeout
         # Publishes accepted by pub_async and still waiting for a connection go out first.
         self._backlog.wait_empty(deadline - time.monotonic())
-        self._closed = True
+        self._pool.closed = True
         unanswered = self._wait_answered(deadline)
-        for endpoint in list(self._pool.values()):
-            endpoint.close(deadline - time.monotonic())
+        self._pool.close(deadline)
         self._deadlines.stop()
         self._observers.close()
         return unanswered
@@ -527,11 +520,7 @@ class Producer:
         """Wait until ``deadline`` for the publishes in flight now (queued for a connection,
         waiting for a retry, or sent); return those still unanswered.  Taking no outcome (see
         :func:`~nsqclient.answers.wait_answered`)."""
-        pending: list[Future | Waiter] = list(self._outers.pending())
-        for endpoint in list(self._pool.values()):
-            conn = endpoint.ours()
-            if conn is not None:
-                pending.extend(conn.pending_requests())
+        pending = [*self._outers.pending(), *self._pool.pending_requests()]
         unanswered = []
         for future in pending:
             if not wait_answered(future, deadline - time.monotonic()):
@@ -557,18 +546,9 @@ class Producer:
         self._close(0.0)
         self._ledger.take()  # what failed as the connections closed: counted above
 
-    def _live_connections(self) -> list[Connection]:
-        """The connections of this process, for the deadline keeper."""
-        conns = []
-        for endpoint in list(self._pool.values()):
-            conn = endpoint.ours()
-            if conn is not None and not conn.is_closed:
-                conns.append(conn)
-        return conns
-
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._pool.closed
 
     def stats(self) -> dict[str, Any]:
         """Counters for the Producer's whole life, and one entry per nsqd address.
@@ -579,9 +559,7 @@ class Producer:
         ``connected``, ``failures`` (consecutive failed connection attempts), ``last_error``
         and ``connection`` (the current connection's own figures, or None).
         """
-        entries = [endpoint.stats() for endpoint in list(self._pool.values())]
-        totals = {key: sum(e[key] for e in entries) for key in (*CUMULATIVE, "connects")}
-        return {**totals, "nsqd": entries}
+        return self._pool.stats()
 
     # ---------------------------------------------------------------- internals
 
@@ -597,160 +575,17 @@ class Producer:
         self._pub_lines[topic] = command[: command.index(b"\n") + 1]
         return command
 
-    # ---------------------------------------------------------------- writing a command
-    # publish_on, submit_now, submit_connecting, endpoint and closed are what publishing by
-    # lookup asks of its owner (nsqclient.bylookup.PublisherOwner).
-
-    def publish_on(
-        self,
-        command: bytes,
-        endpoints: list[Endpoint] | None = None,
-        timeout: float | None = None,
-        deadline: float | None = None,
-        event: PublishEvent | None = None,
-    ) -> bytes:
-        """Write ``command`` on the first of ``endpoints`` (default: the given addresses,
-        round robin) that can take it and return nsqd's answer, within ``timeout`` seconds
-        (default ``pub_timeout``) or by ``deadline`` (a ``time.monotonic()``).  A publish
-        that provably did not reach nsqd is sent again; one that may have, ``pub_retries``
-        times."""
-        timeout = self.config.pub_timeout if timeout is None else timeout
-        if deadline is None:
-            deadline = time.monotonic() + timeout
-        retries_left = self.config.pub_retries
-        while True:
-            try:
-                future = self._submit(command, deadline, Waiter, endpoints)
-            except ConnectionClosedError as exc:
-                if time.monotonic() >= deadline:
-                    raise NSQTimeoutError(
-                        f"no nsqd connection within {timeout:g}s (nothing was sent): {exc}",
-                        maybe_processed=False,
-                    ) from exc
-                raise
-            conn = future.conn
-            if conn is not None:
-                if event is not None:
-                    event.nsqd_address = conn.address
-                conn.read_until(future, deadline)  # read our own answer when nobody else is
-            try:
-                return future.result(max(deadline - time.monotonic(), 0.0))
-            except TimeoutError as exc:
-                if isinstance(exc, NSQError):
-                    raise
-                raise NSQTimeoutError(
-                    f"nsqd did not answer within {timeout}s; the publish may or may not be stored"
-                ) from None
-            except ConnectionClosedError as exc:
-                if self._closed or time.monotonic() >= deadline:
-                    raise
-                if exc.maybe_processed:
-                    if retries_left <= 0:
-                        raise
-                    retries_left -= 1
-                logger.info("publish failed (%s); sending it again", exc)
-
-    def _submit(
-        self,
-        command: bytes,
-        deadline: float | None,
-        make_future: Callable[[], AnyFuture],
-        slots: list[Endpoint] | None = None,
-    ) -> AnyFuture:
-        """Write ``command`` on a connection of ``slots`` (default: the given addresses, round
-        robin), connecting (until ``deadline``) where needed; ConnectionClosedError when no
-        nsqd could be reached."""
-        future = self._submit_to(command, deadline, make_future, slots, True)
-        assert future is not None  # with connect=True it returns a future or raises
-        return future
-
-    def submit_now(self, command: bytes, endpoints: list[Endpoint] | None = None) -> Future | None:
-        """:meth:`_submit` on connections already made, never blocking: None when none is
-        ready.  When one is, the addresses not connected are connected in the background."""
-        return self._submit_to(command, None, RequestFuture, endpoints, False)
-
-    def _submit_to(
-        self,
-        command: bytes,
-        deadline: float | None,
-        make_future: Callable[[], AnyFuture],
-        slots: list[Endpoint] | None,
-        connect: bool,
-    ) -> AnyFuture | None:
-        if self._closed:
-            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        errors = []
-        #: addresses passed over: not connected yet (connect=False), or unreachable (made only
-        #: when there is one: this is every publish's path)
-        passed: list[Endpoint] | None = None
-        count = protocol.published_count(command)
-        if slots is None:
-            slots = self._slots
-        n = len(slots)
-        if n > 1:
-            start = next(self._rr) % n
-            slots = slots[start:] + slots[:start]
-            now = time.monotonic()
-            if any(s.waiting(now) for s in slots):
-                # Healthy addresses first, then those waiting out a reconnect delay.
-                slots.sort(key=lambda s: s.waiting(now))
-        for slot in slots:
-            if not connect:
-                conn = slot.live()
-                if conn is None:
-                    passed = _passing(passed, slot)
-                    continue
-            else:
-                conn = slot.connection(deadline)
-            if conn is None:
-                slot.skipped += 1
-                errors.append(f"{slot.address}: {slot.last_error}")
-                passed = _passing(passed, slot)
-                continue
-            future = conn.request(command, make_future(), count)
-            if _not_processed(future) and not connect:
-                _discard(future)
-                continue  # closed just now: the caller goes the blocking way
-            if _not_processed(future):
-                _discard(future)
-                # It closed just now, before nsqd took the command: nothing was stored.
-                # One fresh connection to the same nsqd, then the next address.
-                if isinstance(future, Waiter):
-                    conn.read_until(future, 0.0)  # gives back a reading it claimed
-                conn = slot.connection(deadline)
-                if conn is not None:
-                    future = conn.request(command, make_future(), count)
-                if conn is None or _not_processed(future):
-                    _discard(future)
-                    errors.append(f"{slot.address}: {slot.last_error or failure_of(future)}")
-                    continue
-            if isinstance(future, Future):
-                future.nsqd_address = slot.address  # type: ignore[attr-defined]
-            else:
-                future.conn = conn
-            for other in passed or ():
-                if connect:
-                    other.warn_failover(slot.address)
-                else:
-                    other.warm()
-            return future
-        if not connect:
-            return None
-        raise ConnectionClosedError(
-            "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
-        )
-
     def _submit_async(self, command: bytes) -> Future:
         """A classic asynchronous publish: written at once on a ready connection, or handed
         to the backlog (connecting there, within ``pub_timeout``) when none is ready or
         earlier publishes wait there, so that one caller's publishes keep their order."""
         if not self._backlog.jobs:
-            future = self._submit_to(command, None, RequestFuture, None, False)
+            future = self._pool.write(command, None, RequestFuture, None, False)
             if future is not None:
                 if not self._deadlines.running:
                     self._deadlines.ensure()
                 return future
-        elif self._closed:
+        elif self._pool.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         deadline = time.monotonic() + self._pub_timeout
         outer = self._outers.track(deadline)
@@ -759,7 +594,7 @@ class Producer:
             if not self._outers.may_send(outer):
                 return  # its deadline passed while it waited: failed, nothing sent
             try:
-                inner = self.submit_connecting(command, None, deadline)
+                inner = self._pool.submit_connecting(command, None, deadline)
             except BaseException as exc:
                 self._outers.settle(outer, error=exc)
                 return
@@ -769,97 +604,14 @@ class Producer:
         self._backlog.submit(job)
         return outer
 
-    def submit_connecting(
-        self,
-        command: bytes,
-        endpoints: list[Endpoint] | None,
-        deadline: float,
-        first: bool = True,
-    ) -> Future:
-        """:meth:`_submit` connecting until ``deadline`` (a ``time.monotonic()``).  ``first``
-        (a publish from the backlog, not a retry): when every address is waiting out its
-        reconnect delay after a failure, fail at once with that failure rather than try again
-        for every publish queued behind the one that found it down."""
-        if not first:
-            future = self._submit(command, deadline, RequestFuture, endpoints)
-            self._deadlines.ensure()
-            return future
-        candidates = self._slots if endpoints is None else endpoints
-        now = time.monotonic()
-        if candidates and all(s.live() is None and s.waiting(now) for s in candidates):
-            for slot in candidates:
-                slot.skipped += 1
-            raise ConnectionClosedError(
-                "could not reach any nsqd: " + "; ".join(s.outage(now) for s in candidates),
-                maybe_processed=False,
-            )
-        if now >= deadline:
-            raise NSQTimeoutError(
-                f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s); nothing was sent",
-                maybe_processed=False,
-            )
-        try:
-            return self.submit_connecting(command, endpoints, deadline, False)
-        except ConnectionClosedError as exc:
-            if self._closed or time.monotonic() < deadline:
-                raise
-            raise NSQTimeoutError(
-                f"no nsqd connection within pub_timeout ({self._pub_timeout:g}s; nothing"
-                f" was sent): {exc}",
-                maybe_processed=False,
-            ) from exc
-
     def _keep_deadlines(self) -> None:
         self._deadlines.ensure()
-
-    def _connection_of(self, address: str) -> Connection | None:
-        """The connection of the pool's endpoint at ``address``, if any."""
-        endpoint = self._pool.get(address)
-        return endpoint.conn if endpoint is not None else None
-
-    def endpoint(self, address: str) -> Endpoint:
-        """The pool's endpoint of ``address`` (made on first use)."""
-        endpoint = self._pool.get(address)
-        if endpoint is None:
-            with self._pool_lock:
-                endpoint = self._pool.setdefault(address, self._new_endpoint(address))
-        return endpoint
-
-    def _new_endpoint(self, address: str) -> Endpoint:
-        """A new endpoint of the pool (see :meth:`endpoint` for the one of an address)."""
-        return Endpoint(address, self.config, self._ledger.note, lambda: self._closed)
 
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections (their threads did not survive
         the fork; their sockets are the parent's) and start afresh."""
         if os.getpid() != self._pid:
-            self._start([s.address for s in self._slots], self._backlog.name)
-
-
-def _not_processed(future: Future | Waiter) -> bool:
-    """True when the request has already failed in a way that proves nsqd did not process it
-    (refused before sending, or queued behind a fatal error), so sending it elsewhere cannot
-    store it twice.  A request written directly may already be answered, even with an error
-    that closes the connection: that answer is the caller's."""
-    if not future.done():
-        return False
-    exc = failure_of(future)
-    return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
-
-
-def _discard(future: Future | Waiter) -> None:
-    """A request that failed before nsqd took it and is sent again as a new one: its failure is
-    nobody's to report (see :class:`~nsqclient.undelivered.Ledger`)."""
-    if isinstance(future, RequestFuture):
-        future.observed = True
-
-
-def _passing(passed: list[Endpoint] | None, slot: Endpoint) -> list[Endpoint]:
-    """``passed`` with ``slot`` added (the list made on the first one)."""
-    if passed is None:
-        return [slot]
-    passed.append(slot)
-    return passed
+            self._start([s.address for s in self._slots], self._backlog.name, self.closed)
 
 
 def _ended(observers: tuple[Any, ...], event: PublishEvent, result: Any) -> None:

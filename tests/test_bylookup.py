@@ -1,6 +1,7 @@
-"""Publishing by lookup (nsqclient/bylookup.py) against a fake owner: the collaborator asks its
-owner only what :class:`PublisherOwner` says, and one retry policy decides for the blocking
-and the asynchronous path alike (each case runs both ways)."""
+"""Publishing by lookup (nsqclient/bylookup.py) against a fake pool of nsqd endpoints: the
+collaborator asks the pool it writes through only what :class:`PublishingPool` says, and one
+retry policy decides for the blocking and the asynchronous path alike (each case runs both
+ways)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from nsqclient.answers import RequestFuture
 from nsqclient.backlog import Backlog
-from nsqclient.bylookup import LookupPublisher, PublisherOwner
+from nsqclient.bylookup import LookupPublisher, PublishingPool
 from nsqclient.config import Config
 from nsqclient.errors import (
     ConnectionClosedError,
@@ -24,6 +25,7 @@ from nsqclient.errors import (
     NSQTimeoutError,
 )
 from nsqclient.outer import OuterFutures
+from nsqclient.pool import Pool
 from nsqclient.producer import Producer
 from nsqclient.publishes import PublishResult, mpub_builder, pub_builder
 from nsqclient.router import Router
@@ -73,8 +75,8 @@ class FakeEndpoint:
         self.dropped += 1
 
 
-class FakeOwner:
-    """A Producer as publishing by lookup sees it: each write takes the next outcome of
+class FakeNsqdPool:
+    """The Producer's pool as publishing by lookup sees it: each write takes the next outcome of
     ``outcomes`` (bytes: nsqd's answer; an exception: the write or the answer failed), and
     is recorded as (how, command, addresses)."""
 
@@ -119,7 +121,7 @@ class Parts:
         self, outcomes: list[bytes | BaseException], lookup: bool = True, **options: Any
     ) -> None:
         self.lookupd = FakeLookupd(4001, 4002, 4003, 4004, 4005) if lookup else None
-        self.owner = FakeOwner(outcomes)
+        self.nsqd = FakeNsqdPool(outcomes)
         self.config = Config(**options)
         router = Router(FakePool(self.lookupd), 60.0) if self.lookupd else None  # type: ignore[arg-type]
         self.failed: list[RequestFuture] = []
@@ -127,7 +129,7 @@ class Parts:
             self.failed.append, self.config.pub_timeout, lambda a: None, lambda: None
         )
         self.publisher = LookupPublisher(
-            self.owner,  # type: ignore[arg-type]
+            self.nsqd,  # type: ignore[arg-type]
             router,
             self.config,
             Backlog("test"),
@@ -158,7 +160,7 @@ class Parts:
         self.lookupd.move()
 
     def addresses(self) -> list[list[str] | None]:
-        return [addresses for _, _, addresses in self.owner.writes]
+        return [addresses for _, _, addresses in self.nsqd.writes]
 
 
 WAYS = ["blocking", "async"]
@@ -173,7 +175,7 @@ def test_a_moved_leader_is_looked_up_again_and_the_publish_goes_there(way):
     assert parts.addresses() == [["h:4001"], ["h:4002"]]
     assert parts.lookupd is not None and parts.lookupd.asked == 2
     if way == "async":  # the first from the backlog, the retry connecting until its deadline
-        assert [how for how, _, _ in parts.owner.writes] == ["first", "retry"]
+        assert [how for how, _, _ in parts.nsqd.writes] == ["first", "retry"]
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -197,7 +199,7 @@ def test_stale_route_refusals_are_retried_at_most_leader_retries_times(way):
     parts = Parts(refusals, leader_retries=2)
     with pytest.raises(FailedOnNotLeaderError):
         parts.publish(way)
-    assert len(parts.owner.writes) == 3  # 1 + leader_retries
+    assert len(parts.nsqd.writes) == 3  # 1 + leader_retries
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -214,7 +216,7 @@ def test_a_gone_leader_is_retried_until_the_deadline_then_nothing_was_sent(way):
     assert not info.value.maybe_processed
     assert isinstance(info.value.__cause__, ConnectionClosedError)
     assert 0.2 < time.monotonic() - started < 0.5 + 0.5
-    assert len(parts.owner.writes) >= 3  # 0.1, 0.2 ... between attempts
+    assert len(parts.nsqd.writes) >= 3  # 0.1, 0.2 ... between attempts
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -222,21 +224,21 @@ def test_a_publish_that_may_have_been_stored_is_not_retried(way):
     parts = Parts([ConnectionClosedError("died", maybe_processed=True), b"OK"])
     with pytest.raises(ConnectionClosedError, match="died"):
         parts.publish(way)
-    assert len(parts.owner.writes) == 1
+    assert len(parts.nsqd.writes) == 1
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_nothing_is_retried_once_the_owner_is_closed(way):
+def test_nothing_is_retried_once_the_producer_is_closed(way):
     parts = Parts([FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER"), b"OK"])
-    parts.owner.closed = True
+    parts.nsqd.closed = True
     if way == "async":
         with pytest.raises(ConnectionClosedError, match="closed"):
             parts.publish(way)
-        assert parts.owner.writes == []
+        assert parts.nsqd.writes == []
         return
     with pytest.raises(FailedOnNotLeaderError):
         parts.publish(way)
-    assert len(parts.owner.writes) == 1
+    assert len(parts.nsqd.writes) == 1
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -245,7 +247,7 @@ def test_a_traced_publish_answers_a_publish_result(way):
     parts = Parts([reply])
     result = parts.publish(way, trace_id=42)
     assert result == PublishResult(7, 42, 1000, 60, 0, "h:4001")
-    assert parts.owner.writes[0][1].startswith(b"PUB_TRACE t 0\n")
+    assert parts.nsqd.writes[0][1].startswith(b"PUB_TRACE t 0\n")
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -253,7 +255,7 @@ def test_a_refused_mpub_ext_drops_its_connection(way):
     parts = Parts([InvalidTraceIDError("E_INVALID_TRACE_ID")])
     with pytest.raises(InvalidTraceIDError):
         parts.publish(way, batch=True, ext={"k": "v"})
-    assert parts.owner.endpoints["h:4001"].dropped == 1
+    assert parts.nsqd.endpoints["h:4001"].dropped == 1
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -261,25 +263,30 @@ def test_without_lookupd_the_given_addresses_take_youzans_forms_once(way):
     parts = Parts([FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER"), b"OK"], lookup=False)
     with pytest.raises(FailedOnNotLeaderError):
         parts.publish(way, partition=1)
-    assert parts.owner.writes[0][1].startswith(b"PUB t 1\n")
+    assert parts.nsqd.writes[0][1].startswith(b"PUB t 1\n")
     assert parts.addresses() == [None]  # the Producer's own addresses
     with pytest.raises(ValueError, match="key= needs lookupd_http_addresses"):
         parts.publish(way, key="k")
 
 
-def test_the_producer_is_its_owner_and_inherits_from_nothing_else():
+def test_the_producers_pool_is_what_it_writes_through_and_the_producer_inherits_nothing():
     assert Producer.__mro__ == (Producer, object)
+    producer = Producer(lookupd_http_addresses="127.0.0.1:4161")
+    try:
+        assert producer._by_lookup.pool is producer._pool
+    finally:
+        producer.close()
     wanted = {
         name
-        for name, _ in inspect.getmembers(PublisherOwner)
+        for name, _ in inspect.getmembers(PublishingPool)
         if not name.startswith("_") or name == "closed"
     }
     assert wanted == {"closed", "endpoint", "publish_on", "submit_now", "submit_connecting"}
     for name in wanted:
-        assert hasattr(Producer, name), name
+        assert hasattr(Pool, name) or name == "closed", name
     for name in wanted - {"closed"}:
-        ours = inspect.signature(getattr(Producer, name)).parameters
-        theirs = inspect.signature(getattr(PublisherOwner, name)).parameters
+        ours = inspect.signature(getattr(Pool, name)).parameters
+        theirs = inspect.signature(getattr(PublishingPool, name)).parameters
         assert list(ours)[: len(theirs)] == list(theirs), name
 
 
@@ -293,4 +300,4 @@ def test_a_stale_route_refusal_is_not_retried_past_the_publishs_timeout(way):
     with pytest.raises(FailedOnNotLeaderError):
         parts.publish(way)
     assert time.monotonic() - started < 0.35 + 0.2
-    assert len(parts.owner.writes) == 3  # waits 0.1 and 0.2; 0.4 more would pass 0.35
+    assert len(parts.nsqd.writes) == 3  # waits 0.1 and 0.2; 0.4 more would pass 0.35
