@@ -5,11 +5,18 @@ Threads (all named, all joined by :meth:`Consumer.stop`):
 * per connection, a reader and a writer (see :mod:`nsqclient.conn`);
 * ``nsq-discovery``: queries nsqlookupd (first at once, then every ``lookupd_poll_interval``
   plus jitter), connects new nsqd, reconnects direct addresses after a growing delay, and runs
-  the user's connection hooks;
+  the user's connection hooks (:mod:`nsqclient.discovery`);
 * ``nsq-rdy``: applies the RDY policy (:mod:`nsqclient.rdy`) periodically and whenever
-  something changes (a connection comes or goes, backoff, ``set_max_in_flight``);
+  something changes (a connection comes or goes, backoff, ``set_max_in_flight``)
+  (:mod:`nsqclient.rdy_balancer`);
 * ``nsq-worker-N`` (``concurrency`` of them): run the handler.  A handler that blocks for minutes
   stops nothing else: heartbeats are answered by the reader threads.
+
+The Consumer holds its lifecycle, its connections and their counts, and the work queue; each
+other job is a collaborator it owns: :class:`~nsqclient.discovery.Discovery` (finding and
+keeping nsqd), :class:`~nsqclient.rdy_balancer.RdyBalancer` (RDY),
+:class:`~nsqclient.responder.Responder` (FIN/REQ/TOUCH) and
+:class:`~nsqclient.handling.Handling` (a message's way to user code).
 
 Handler contract: return None or True -> FIN; return False or raise -> REQ (and backoff);
 raise :class:`~nsqclient.message.RequeueMessage` to choose the delay and whether to back off;
@@ -74,7 +81,8 @@ class ConnectionCounts(NamedTuple):
 class _Delegate:
     """What a Connection and the Discovery call back (see
     :class:`~nsqclient.conn.ConnectionDelegate` and :class:`~nsqclient.discovery.DiscoveryOwner`),
-    kept off the Consumer's public face."""
+    kept off the Consumer's public face.  The Consumer's connection table is the Consumer's:
+    the Discovery hands it each connection subscribed (:meth:`subscribed`)."""
 
     __slots__ = ("_consumer",)
 
@@ -94,16 +102,29 @@ class _Delegate:
         self._consumer._on_close(conn, reason)
 
     def held_keys(self) -> Collection[str]:
-        return self._consumer._held_keys()
+        consumer = self._consumer
+        with consumer._lock:
+            return set(consumer._conns)
 
     def subscribed(self, conn: Connection) -> bool:
-        return self._consumer._subscribed(conn)
+        consumer = self._consumer
+        with consumer._lock:
+            if consumer._stopping.is_set() or conn.is_closed:
+                return False
+            consumer._conns[conn.key] = ConnInfo(conn, time.monotonic())
+        return True
 
     def connection_made(self, key: str) -> None:
-        self._consumer._connection_made(key)
+        consumer = self._consumer
+        observers = consumer._observers.active
+        if observers:
+            tell(observers, "connection_made", consumer, key)
+        consumer._rdy_wake.set()
 
     def connection_lost(self, key: str, reason: BaseException | None) -> None:
-        self._consumer._connection_lost(key, reason)
+        observers = self._consumer._observers.active
+        if observers:
+            tell(observers, "connection_lost", self._consumer, key, reason)
 
     def fail(self, error: NSQError) -> None:
         self._consumer._fail(error)
@@ -505,30 +526,6 @@ class Consumer:
         logged at INFO on ``nsqclient.trace`` (topic, partition, nsqd, message id, trace id,
         offset, arrival time) before its handler runs."""
         self._handling.tracing = bool(enabled)
-
-    # ======================================================== DiscoveryOwner (via _Delegate)
-
-    def _held_keys(self) -> Collection[str]:
-        with self._lock:
-            return set(self._conns)
-
-    def _subscribed(self, conn: Connection) -> bool:
-        with self._lock:
-            if self._stopping.is_set() or conn.is_closed:
-                return False
-            self._conns[conn.key] = ConnInfo(conn, time.monotonic())
-        return True
-
-    def _connection_made(self, key: str) -> None:
-        observers = self._observers.active
-        if observers:
-            tell(observers, "connection_made", self, key)
-        self._rdy_wake.set()
-
-    def _connection_lost(self, key: str, reason: BaseException | None) -> None:
-        observers = self._observers.active
-        if observers:
-            tell(observers, "connection_lost", self, key, reason)
 
     def _count(self, counter: str) -> None:
         with self._lock:

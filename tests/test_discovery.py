@@ -173,7 +173,7 @@ def test_discovery_asks_its_owner_only_what_the_protocol_names() -> None:
 
 def test_the_consumer_is_an_owner_through_its_delegate() -> None:
     consumer = Consumer("t", "c", lambda m: None, nsqd_tcp_addresses="127.0.0.1:4150")
-    owner: DiscoveryOwner = consumer._delegate  # checked by mypy too
+    owner: DiscoveryOwner = consumer._delegate  # mypy checks it where consumer.py passes it
     assert owner.held_keys() == set()
     assert consumer._discovery._owner is owner
     assert not any(isinstance(v, Discovery) for k, v in vars(consumer).items() if k != "_discovery")
