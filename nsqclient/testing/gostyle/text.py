@@ -1,8 +1,7 @@
 """Go-style output shared by the embedded nsqd and nsqlookupd: the version they claim, Go's
-``%q`` and ``json.Marshal`` and ``time.Duration`` texts, and the HTTP API's reply helpers and
-headers (``internal/http_api``'s RespondV1).
+``%q`` and ``json.Marshal`` and ``time.Duration`` texts.
 
-A leaf: it imports nothing of the embedded servers but the HTTP ``Response`` type.
+A leaf: it imports nothing of the embedded servers.
 """
 
 from __future__ import annotations
@@ -10,25 +9,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..http.server import Response
-
 __all__ = [
     "VERSION",
-    "JSON_CONTENT_TYPE",
-    "NSQ_V1",
     "go_quote",
     "go_json",
     "duration_string",
-    "v1_response",
-    "v1_error",
 ]
 
 #: The nsqd/nsqlookupd release the embedded servers follow (what /info and IDENTIFY report).
 VERSION = "1.3.0"
-#: Content-Type of every JSON reply.
-JSON_CONTENT_TYPE = "application/json; charset=utf-8"
-#: Value of the ``X-Nsq-Content-Type`` header on every API reply but ``/ping``.
-NSQ_V1 = "nsq; version=1.0"
 
 
 def go_quote(raw: bytes) -> str:
@@ -75,29 +64,6 @@ def go_json(value: Any) -> bytes:
             .replace("\u2029", "\\u2029")
         )
     return text.encode("utf-8")
-
-
-def v1_response(data: Any = None) -> Response:
-    """nsqd's RespondV1 for a 200."""
-    headers = {"X-Nsq-Content-Type": NSQ_V1}
-    if data is None:
-        body = b""
-    elif isinstance(data, bytes):
-        body = data
-    elif isinstance(data, str):
-        body = data.encode("utf-8")
-    else:
-        headers["Content-Type"] = JSON_CONTENT_TYPE
-        body = go_json(data)
-    return Response(200, body, headers)
-
-
-def v1_error(status: int, text: str, extra: dict[str, str] | None = None) -> Response:
-    """nsqd's RespondV1 for an error: ``{"message": text}``."""
-    headers = {"Content-Type": JSON_CONTENT_TYPE, "X-Nsq-Content-Type": NSQ_V1}
-    if extra:
-        headers.update(extra)
-    return Response(status, go_json({"message": text}), headers)
 
 
 def duration_string(seconds: float) -> str:

@@ -11,7 +11,8 @@ import time
 from typing import Any, Protocol
 
 from ...protocol import valid_channel_name, valid_topic_name
-from ..gostyle.text import JSON_CONTENT_TYPE, NSQ_V1, VERSION, go_json
+from ..gostyle.text import VERSION, go_json
+from ..http.replies import JSON_CONTENT_TYPE, NSQ_V1
 from ..http.server import QueryError, Request, Response, Router, parse_query
 from .db import RegistrationDB, active
 

@@ -16,14 +16,8 @@ import time
 from typing import Any, Protocol
 
 from ...protocol import valid_channel_name, valid_topic_name
-from ..gostyle.text import (
-    JSON_CONTENT_TYPE,
-    NSQ_V1,
-    VERSION,
-    duration_string,
-    v1_error,
-    v1_response,
-)
+from ..gostyle.text import VERSION, duration_string
+from ..http.replies import JSON_CONTENT_TYPE, NSQ_V1, v1_error, v1_response
 from ..http.server import QueryError, Request, Response, Router, parse_query
 from .client import ClientConn
 from .ids import GUIDFactory

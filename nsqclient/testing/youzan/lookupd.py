@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...protocol import valid_topic_name
-from ..gostyle.text import JSON_CONTENT_TYPE, NSQ_V1, go_json
+from ..gostyle.text import go_json
+from ..http.replies import JSON_CONTENT_TYPE, NSQ_V1
 from ..http.server import HTTPServerProtocol, QueryError, Request, Response, Router, parse_query
 from ..lookupd.db import RegistrationDB
 from ..lookupd.node import LookupdListeners
