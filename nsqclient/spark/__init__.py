@@ -1,6 +1,7 @@
 """NSQ as a PySpark data source: a Structured Streaming source and a (streaming and batch) sink.
 
-Requires Spark >= 4.0 with pyarrow (``pip install nsqclient[spark]``)::
+Requires Spark >= 4.2 with pyarrow (``pip install 'nsqclient[spark]'``; without them, importing
+this package raises a ModuleNotFoundError that says so)::
 
     import nsqclient.spark
     nsqclient.spark.register(spark)          # registers the format "nsq"
@@ -20,9 +21,26 @@ it.  See docs/spark.rst for the exact guarantee, the options and the failure sto
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+# pyspark and pyarrow come with the ``spark`` extra: say so instead of a bare "No module named".
+# (A pyspark older than 4.0 has no pyspark.sql.datasource: the same advice.)  pyarrow is only
+# looked for here, not imported: the modules that build rows import it when they do.
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+except ImportError as exc:
+    if not (exc.name or "").startswith("pyspark"):
+        raise
+    raise ModuleNotFoundError(
+        f"nsqclient.spark needs pyspark >= 4.2 and pyarrow ({exc}): pip install 'nsqclient[spark]'",
+        name=exc.name,
+    ) from exc
+if importlib.util.find_spec("pyarrow") is None:
+    raise ModuleNotFoundError(
+        "nsqclient.spark needs pyarrow (No module named 'pyarrow'): pip install 'nsqclient[spark]'",
+        name="pyarrow",
+    )
 
 from .options import SinkOptions, SourceOptions
 from .preflight import WorkerPythonError, check_worker_python

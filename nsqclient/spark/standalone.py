@@ -8,10 +8,16 @@ machine going away), with ``PYSPARK_PYTHON`` pointing at the interpreter given (
 default), and stops them all on :meth:`StandaloneCluster.stop`::
 
     with StandaloneCluster(workers=2) as cluster:
-        spark = SparkSession.builder.master(cluster.url).getOrCreate()
+        spark = cluster.session_builder().getOrCreate()
+        ...
+        spark.stop()
+
+:meth:`StandaloneCluster.session_builder` is ``SparkSession.builder.master(cluster.url)`` that
+also makes this process's SparkContext name that interpreter (``PYSPARK_PYTHON``): executors
+run the Python the driver names, not the one in their worker's environment.
 
 It needs Java (``JAVA_HOME`` or ``java`` on the PATH) and imports nothing of pyspark but its
-location.
+location (and ``SparkSession``, in :meth:`StandaloneCluster.session_builder`).
 """
 
 from __future__ import annotations
@@ -81,7 +87,11 @@ class StandaloneCluster:
     Args:
         workers: how many workers.
         cores, memory: what each worker offers (``--cores``, ``--memory``).
-        python: the interpreter executors run (``PYSPARK_PYTHON``); this one by default.
+        python: the Python of the cluster's Spark applications (``PYSPARK_PYTHON``); this one
+            by default.  It is set in the environment of the master and the workers, but
+            Spark runs the interpreter the *driver* names: a session made with
+            :meth:`session_builder` names it; a session made otherwise needs
+            ``PYSPARK_PYTHON`` set in its process before it starts.
         work_dir: where logs and the workers' directories go (a temporary directory, removed
             by :meth:`stop`, by default).
         start_timeout: seconds to wait for the master and every worker to be ALIVE.
@@ -203,6 +213,32 @@ class StandaloneCluster:
                 )
                 self._workers.append(daemon)
             self._spawn(daemon)
+
+    def session_builder(self) -> Any:
+        """``SparkSession.builder`` for this cluster, its driver on the loopback address, its
+        Python ``python``: call ``.getOrCreate()`` on it (after ``.appName()``,
+        ``.config()``... as you like).
+
+        Spark starts a session's Python processes (the nsq source's driver-side reader, the
+        executors' Python workers) with the interpreter its SparkContext took from
+        ``$PYSPARK_PYTHON`` in the driver's environment when it started, else ``python3``
+        from the ``PATH``; ``spark.pyspark.python`` and ``spark.pyspark.driver.python`` are
+        read by ``spark-submit`` only, not by a builder in a running script, and the
+        ``PYSPARK_PYTHON`` of the workers' environment does not count.  So this sets
+        ``PYSPARK_PYTHON`` in this process's environment (``os.environ``) to ``python``,
+        and ``SPARK_LOCAL_IP`` to ``127.0.0.1`` unless it is set (the driver's JVM then binds
+        its web UI there, not to every interface, and does not warn that the hostname
+        resolves to a loopback address).  Neither has any effect on a SparkContext already
+        running in this process."""
+        from pyspark.sql import SparkSession
+
+        os.environ["PYSPARK_PYTHON"] = self.python
+        os.environ.setdefault("SPARK_LOCAL_IP", HOST)
+        return (
+            SparkSession.builder.master(self.url)
+            .config("spark.driver.host", HOST)
+            .config("spark.driver.bindAddress", HOST)
+        )
 
     def state(self) -> dict[str, Any]:
         """The master's ``/json/`` (workers, applications, status)."""
