@@ -177,31 +177,16 @@ class Responder:
         """See :meth:`Consumer.finish_many <nsqclient.consumer.Consumer.finish_many>`."""
         groups = self._claim_many(messages, "finish")
         for conn, group in groups.items():
-            try:
-                conn.send(b"FIN " + b"\nFIN ".join([m.id for m in group]) + b"\n")
-            except NSQError:
-                logger.debug(
-                    "cannot FIN %d messages: connection to %s closed; nsqd will redeliver them",
-                    len(group),
-                    conn.address,
-                )
+            _send(conn, b"FIN " + b"\nFIN ".join([m.id for m in group]) + b"\n", "FIN", group)
         return self._answered_many(groups, "finish", None, None)
 
     def requeue_many(self, messages: Iterable[Message], delay: float | None, backoff: bool) -> int:
         """See :meth:`Consumer.requeue_many <nsqclient.consumer.Consumer.requeue_many>`."""
         groups = self._claim_many(messages, "requeue")
+        delay_of = self.requeue_delay
         for conn, group in groups.items():
-            commands = [
-                protocol.req(m.id, int(round(self.requeue_delay(m, delay) * 1000))) for m in group
-            ]
-            try:
-                conn.send(b"".join(commands))
-            except NSQError:
-                logger.debug(
-                    "cannot REQ %d messages: connection to %s closed; nsqd will redeliver them",
-                    len(group),
-                    conn.address,
-                )
+            reqs = [protocol.req(m.id, int(round(delay_of(m, delay) * 1000))) for m in group]
+            _send(conn, b"".join(reqs), "REQ", group)
         return self._answered_many(groups, "requeue", delay, backoff)
 
     def _claim_many(
@@ -269,3 +254,17 @@ class Responder:
                 len(held),
             )
             self.requeue_many(held, delay=0, backoff=False)
+
+
+def _send(conn: Connection, data: bytes, verb: str, group: list[Message]) -> None:
+    """Write the answers to ``group`` in one go; when the connection is closed, nsqd sends
+    those messages again (nothing else to do)."""
+    try:
+        conn.send(data)
+    except NSQError:
+        logger.debug(
+            "cannot %s %d messages: connection to %s closed; nsqd will redeliver them",
+            verb,
+            len(group),
+            conn.address,
+        )
