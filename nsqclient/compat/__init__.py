@@ -63,6 +63,15 @@ Deliberate differences from pynsq:
   reader thread, where no user code runs.  Backoff follows nsqclient's policy
   (:mod:`nsqclient.backoff`), not pynsq's BackoffTimer.  With ``tls_v1`` and verification on,
   the host name is checked too (pynsq's default ``ssl_version`` context did not check it).
+
+The package, one job a module: ``errors`` (pynsq's error names), ``options`` (pynsq's keyword
+arguments translated to nsqclient's options), ``runtime`` (:func:`run` and :func:`stop`: the
+registry of live Readers and Writers, the loop on threads or on tornado's IOLoop, signals, the
+clean stop), ``reader`` (Reader, LegacyReader) and ``writer`` (Writer).  ``runtime`` knows a
+client only by its ``run_role`` and the ``RunClient``/``RunReader`` protocols (``tick()``,
+``wait_closed()``); ``reader`` and ``writer`` import it, never the other way.  Each of the
+drop-in's names is written once: compat's own in ``__all__`` below, the lower ones in
+``nsqclient.legacy.__all__``; the top level re-exports both.
 """
 
 from __future__ import annotations
