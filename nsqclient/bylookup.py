@@ -371,8 +371,9 @@ def _after_refusal(command: bytes, endpoints: list[Endpoint] | None) -> None:
 
 
 def _leader_gone(exc: BaseException) -> bool:
-    """A routed publish failed because its nsqd is gone or not yet replaced, and nothing was
-    sent: lookup names no leader for the partition (for now), or its nsqd cannot be reached."""
+    """A publish by lookup failed because its nsqd is gone or not yet replaced, and nothing
+    was sent: lookup names no leader for the partition (for now), or its nsqd cannot be
+    reached."""
     if isinstance(exc, NoRouteError):
         return exc.retryable
     return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed

@@ -7,8 +7,8 @@ runs while publishes are in flight: every ``tick`` it notes each connection's
 before a mark noted ``pub_timeout`` seconds ago (:meth:`~nsqclient.conn.Connection.
 expire_before`).  So a publish fails at most ``tick`` after its ``pub_timeout``, and a publish
 costs nothing for it: no clock read, no deadline kept per request.  Publishes handed to a
-Future before they reach a connection (the backlog, youzan's routed retries) carry their own
-deadline, which ``expire_outer`` enforces at the same ticks.
+Future before they reach a connection (the backlog, retries by lookup) carry their own
+deadline, which the Producer's :class:`~nsqclient.outer.OuterFutures` enforce at the same ticks.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def key_partition(key: bytes | str | int, partition_num: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class TopicRoute:
-    """What a lookup said about one topic.
+    """A topic's route: where its partitions are written, as lookup said (the one meaning of
+    "route" in nsqclient).
 
     Attributes:
         topic: the topic name.

@@ -35,7 +35,7 @@ class Pool(Mapping[str, Endpoint]):
     """Every endpoint of a Producer, by address (a read-only mapping).
 
     Args:
-        addresses: the ``"host:port"`` the Producer was given (publishes without a route go
+        addresses: the ``"host:port"`` the Producer was given (publishes not by lookup go
             round robin over them).
         config: the Producer's options.
         on_request_failed: given to every connection (the ledger's ``note``).

@@ -15,6 +15,14 @@ Guarantees, stated plainly:
 * A publish queued behind a fatal error on the same connection was provably not processed by nsqd
   (nsqd handles commands in order and closes right after a fatal error); ``pub()`` resends such
   publishes by itself.
+
+:class:`Producer` is the public face of publishing (the calls, observers, flush, close, fork
+and exit); the work is done by collaborators it owns: the :class:`~nsqclient.pool.Pool` of nsqd
+endpoints it writes on (an :class:`~nsqclient.endpoint.Endpoint` per address, each with its
+own connect / down / up state), publishing by lookup
+(:class:`~nsqclient.bylookup.LookupPublisher`), the :mod:`~nsqclient.backlog`, the
+:mod:`~nsqclient.outer` Futures, the :mod:`~nsqclient.deadlines` keeper and the
+:mod:`~nsqclient.undelivered` ledger.
 """
 
 from __future__ import annotations
@@ -59,7 +67,6 @@ from .undelivered import Ledger, undelivered_error
 __all__ = ["Producer", "PublishResult"]
 
 logger = logging.getLogger("nsqclient.producer")
-trace_logger = logging.getLogger("nsqclient.trace")
 
 _producers: weakref.WeakSet[Producer] = weakref.WeakSet()
 
