@@ -18,6 +18,7 @@ the Protocol :class:`PublishingPool`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -95,37 +96,34 @@ class PublishingPool(Protocol):
         ...
 
 
+@dataclasses.dataclass(eq=False)
 class Attempts:
     """One publish by lookup across its attempts, and the retry policy: whether a failed
     attempt is tried again, and when.
 
-    Args:
+    Attributes:
         publisher: the :class:`LookupPublisher` it goes through.
         topic, build, partition, key: the publish.
         timeout: seconds it may take, lookups and retries included.
+        started: ``time.monotonic()`` when it was made.
+        retries: attempts made after the first.
+        attempted_at: the router's clock when the last attempt took its route.
     """
 
-    def __init__(
-        self,
-        publisher: LookupPublisher,
-        topic: str,
-        build: Build,
-        partition: int | None,
-        key: bytes | str | int | None,
-        timeout: float,
-    ):
-        self.publisher = publisher
-        self.topic = topic
-        self.build = build
-        self.partition = partition
-        self.key = key
-        self.timeout = timeout
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout
-        #: attempts made after the first
-        self.retries = 0
-        #: the router's clock when the last attempt took its route
-        self.attempted_at = 0.0
+    publisher: LookupPublisher
+    topic: str
+    build: Build
+    partition: int | None
+    key: bytes | str | int | None
+    timeout: float
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    retries: int = 0
+    attempted_at: float = 0.0
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` by which the publish ends."""
+        return self.started + self.timeout
 
     def target(self) -> Target:
         """Start an attempt: its partition and endpoints (may look the topic up)."""
