@@ -204,6 +204,10 @@ class Endpoint:
 
     # ---------------------------------------------------------------- outages
 
+    def skip(self) -> None:
+        """A publish could not use this address (counted for the reachable-again log)."""
+        self.skipped += 1
+
     def waiting(self, now: float) -> bool:
         """True while it waits out a reconnect delay (``now``: ``time.monotonic()``)."""
         return self.down_until > now

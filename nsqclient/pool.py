@@ -234,7 +234,7 @@ class Pool(Mapping[str, Endpoint]):
             else:
                 conn = endpoint.connection(deadline)
             if conn is None:
-                endpoint.skipped += 1
+                endpoint.skip()
                 errors.append(f"{endpoint.address}: {endpoint.last_error}")
                 passed = _passing(passed, endpoint)
                 continue
@@ -292,7 +292,7 @@ class Pool(Mapping[str, Endpoint]):
         now = time.monotonic()
         if candidates and all(s.live() is None and s.waiting(now) for s in candidates):
             for endpoint in candidates:
-                endpoint.skipped += 1
+                endpoint.skip()
             raise ConnectionClosedError(
                 "could not reach any nsqd: " + "; ".join(s.outage(now) for s in candidates),
                 maybe_processed=False,

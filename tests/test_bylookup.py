@@ -215,8 +215,8 @@ def test_a_gone_leader_is_retried_until_the_deadline_then_nothing_was_sent(way):
         parts.publish(way)
     assert not info.value.maybe_processed
     assert isinstance(info.value.__cause__, ConnectionClosedError)
-    assert 0.2 < time.monotonic() - started < 0.5 + 0.5
-    assert len(parts.nsqd.writes) >= 3  # 0.1, 0.2 ... between attempts
+    assert 0.1 < time.monotonic() - started < 0.5 + 0.5
+    assert len(parts.nsqd.writes) >= 2  # waits of 0.1, 0.2 ... between attempts
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -295,9 +295,11 @@ def test_a_stale_route_refusal_is_not_retried_past_the_publishs_timeout(way):
     refusals: list[bytes | BaseException] = [
         FailedOnNotLeaderError("E_FAILED_ON_NOT_LEADER") for _ in range(10)
     ]
-    parts = Parts(refusals, pub_timeout=0.35, leader_retries=10)
+    parts = Parts(refusals, pub_timeout=0.5, leader_retries=10)
     started = time.monotonic()
     with pytest.raises(FailedOnNotLeaderError):
         parts.publish(way)
-    assert time.monotonic() - started < 0.35 + 0.2
-    assert len(parts.nsqd.writes) == 3  # waits 0.1 and 0.2; 0.4 more would pass 0.35
+    # Waits of 0.1, 0.2, 0.4...: it ends when the next wait would pass 0.5 s, far from the
+    # 1 + leader_retries attempts (and 100 s) the refusals alone would allow.
+    assert time.monotonic() - started < 0.5 + 0.5
+    assert 2 <= len(parts.nsqd.writes) <= 3

@@ -1,0 +1,83 @@
+"""The nsqd endpoints of a Producer and the writing of a command on them (nsqclient/pool.py):
+failover past an address that is down (warned once), pub_async's never-blocking write, the
+backlog's fail-fast when every address waits out its reconnect delay, and a closed pool."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from nsqclient import protocol
+from nsqclient.answers import RequestFuture
+from nsqclient.config import Config
+from nsqclient.errors import ConnectionClosedError
+from nsqclient.pool import Pool
+from nsqclient.testing.helpers import free_port
+from nsqclient.testing.waiting import wait_for
+
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def pools() -> Iterator:
+    made: list[Pool] = []
+
+    def make(*addresses: str) -> Pool:
+        pool = Pool(list(addresses), Config(reconnect_interval=5.0), lambda f: None, lambda: None)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        pool.closed = True
+        pool.close(time.monotonic() + 1.0)
+
+
+def test_a_publish_fails_over_past_an_address_that_is_down(nsqd, pools, caplog):
+    down = f"127.0.0.1:{free_port()}"
+    pool = pools(down, nsqd.nsqd.tcp_address)
+    assert list(pool) == [down, nsqd.nsqd.tcp_address] and len(pool) == 2
+    caplog.set_level(logging.WARNING, "nsqclient.producer")
+    for _ in range(4):  # round robin: some start at the address that is down
+        assert pool.publish_on(protocol.pub("pool_t", b"x")) == protocol.OK
+    assert pool[down].skipped >= 1 and pool[down].waiting(time.monotonic())
+    warned = [r for r in caplog.records if "is unreachable" in r.getMessage()]
+    assert len(warned) == 1
+    assert pool.stats()["messages_sent"] == 4
+
+
+def test_submit_now_never_connects_on_the_callers_thread(nsqd, pools):
+    pool = pools(nsqd.nsqd.tcp_address)
+    assert pool.submit_now(protocol.pub("pool_t", b"x")) is None  # nothing connected yet
+    endpoint = pool.given[0]
+    endpoint.warm()
+    wait_for(lambda: endpoint.live() is not None, TIMEOUT)
+    future = pool.submit_now(protocol.pub("pool_t", b"y"))
+    assert isinstance(future, RequestFuture) and future.result(TIMEOUT) == protocol.OK
+    assert future.nsqd_address == nsqd.nsqd.tcp_address  # type: ignore[attr-defined]
+
+
+def test_a_first_attempt_fails_at_once_while_every_address_waits(pools):
+    pool = pools(f"127.0.0.1:{free_port()}")
+    deadline = time.monotonic() + TIMEOUT
+    with pytest.raises(ConnectionClosedError, match="could not reach any nsqd"):
+        pool.submit_connecting(protocol.pub("pool_t", b"x"), None, deadline, first=False)
+    started = time.monotonic()
+    with pytest.raises(ConnectionClosedError, match="the last connection attempt's error"):
+        pool.submit_connecting(protocol.pub("pool_t", b"x"), None, deadline)
+    assert time.monotonic() - started < 1.0  # no new attempt: it waits out its delay
+    assert pool.given[0].skipped == 2
+
+
+def test_a_closed_pool_writes_nothing(nsqd, pools):
+    pool = pools(nsqd.nsqd.tcp_address)
+    pool.closed = True
+    with pytest.raises(ConnectionClosedError, match="closed"):
+        pool.publish_on(protocol.pub("pool_t", b"x"))
+    with pytest.raises(ConnectionClosedError, match="closed"):
+        pool.submit_now(protocol.pub("pool_t", b"x"))
+    assert pool.endpoint("127.0.0.1:1") is pool.endpoint("127.0.0.1:1")  # made once
+    assert "127.0.0.1:1" in pool and pool.given == [pool[nsqd.nsqd.tcp_address]]
