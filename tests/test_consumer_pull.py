@@ -265,3 +265,25 @@ def test_stop_waits_for_held_messages_answered_meanwhile(nsqd, pullers):
     wait_drained(node, "pull_drain", "c")
     stats = consumer.stats()
     assert (stats["finished"], stats["requeued"]) == (5, 0)
+
+
+def test_a_take_loop_does_not_spin_while_the_consumer_stops(nsqd, pullers):
+    consumer = pullers("pull_spin", "c", nsqd_tcp_addresses=nsqd.nsqd.tcp_address)
+    wait_for(consumer.connections, TIMEOUT, message="subscribed")
+    calls = 0
+    waiting = threading.Event()
+
+    def loop() -> None:
+        nonlocal calls
+        while consumer.is_running:
+            calls += 1
+            waiting.set()
+            consumer.take(timeout=TIMEOUT)
+
+    taker = threading.Thread(target=loop)
+    taker.start()
+    assert waiting.wait(TIMEOUT)
+    consumer.stop(TIMEOUT)  # wakes the waiting take(), which then waits for the stop to end
+    taker.join(TIMEOUT)
+    assert not taker.is_alive()
+    assert calls <= 2, calls
