@@ -116,6 +116,7 @@ class RequestFuture(Future):
     :meth:`failure`, :meth:`watch` and :func:`wait_answered`, which do not count.
     """
 
+    #: True once a caller asked for the outcome or added a done callback (see above)
     observed = False
     _on_failure: Callable[[RequestFuture], None] | None = None
 

@@ -320,8 +320,8 @@ class Connection:
         self, command: bytes, future: Future | Waiter | None = None, messages: int = 0
     ) -> Future | Waiter:
         """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future
-        (``future`` if given: a fresh Future or :class:`Waiter`).  ``messages``: how many
-        messages the command publishes, for :meth:`~nsqclient.conn.Connection.stats`.
+        (``future`` if given: a fresh Future or :class:`~nsqclient.answers.Waiter`).
+        ``messages``: how many messages the command publishes, for :meth:`stats`.
 
         The Future's result is the response bytes (``b"OK"``, the 30-byte traced reply...), or
         it fails with the ServerError nsqd sent, or ConnectionClosedError when the connection
@@ -459,9 +459,10 @@ class Connection:
 
     def expire_before(self, mark: int) -> int:
         """Fail with NSQTimeoutError every request sent before ``mark`` (from
-        :meth:`request_mark`) and still unanswered, but a blocking caller's :class:`Waiter`;
-        return how many.  A written one keeps its place (nsqd's late answer is dropped):
-        ``maybe_processed`` True; one still queued is never written: False."""
+        :meth:`request_mark`) and still unanswered, but a blocking caller's
+        :class:`~nsqclient.answers.Waiter`; return how many.  A written one keeps its place
+        (nsqd's late answer is dropped): ``maybe_processed`` True; one still queued is never
+        written: False."""
         with self._lock:
             expired = self._pending.expire_before(mark)
         for future, written in expired:
@@ -574,9 +575,10 @@ class Connection:
     def read_until(self, future: Future | Waiter, deadline: float) -> None:
         """Caller-reads mode: read and handle what nsqd sends in the calling thread until
         ``future`` is done, ``deadline`` (``time.monotonic()``) passes, or the stream fails,
-        when the reading is this caller's (claimed by :meth:`request` for a :class:`Waiter`)
-        or free; otherwise return at once.  Either way the caller then waits on ``future`` as
-        usual: the reader thread handles whatever this left.  A caller whose Waiter holds the
+        when the reading is this caller's (claimed by :meth:`request` for a
+        :class:`~nsqclient.answers.Waiter`) or free; otherwise return at once.  Either way
+        the caller then waits on ``future`` as usual: the reader thread handles whatever this
+        left.  A caller whose Waiter holds the
         reading must call this (a past ``deadline`` just gives it back)."""
         if type(future) is Waiter and future.reading:
             future.reading = False
