@@ -121,6 +121,34 @@ def test_the_shared_go_style_module_is_a_leaf():
     assert graph[f"{PACKAGE}.http.replies"] <= {f"{PACKAGE}.gostyle.text", f"{PACKAGE}.http.server"}
 
 
+def test_the_protocol_cores_do_no_io():
+    """nsqd's protocol V2 core and youzan's (bytes in, commands out, frames back) import no
+    socket, event loop or TLS, and nothing of the connection, the node or the queues: the
+    connection (nsqd/client.py, youzan/client.py) does the I/O around them."""
+    graph = import_graph()
+    allowed = {
+        f"{PACKAGE}.nsqd.protocol_v2": {
+            f"{PACKAGE}.nsqd.options",
+            f"{PACKAGE}.nsqd.writes",  # snappy_writes: how a snappy stream is cut into writes
+            f"{PACKAGE}.gostyle.text",
+        },
+        f"{PACKAGE}.youzan.protocol": {
+            f"{PACKAGE}.nsqd.protocol_v2",
+            f"{PACKAGE}.nsqd.options",
+            f"{PACKAGE}.gostyle.text",
+        },
+    }
+    for core, ours in allowed.items():
+        assert graph[core] <= ours, f"{core} imports {sorted(graph[core] - ours)}"
+        path = ROOT.joinpath(*core.split(".")[2:]).with_suffix(".py")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in _imported(path, node):
+                    assert name.split(".")[0] not in ("asyncio", "socket", "ssl", "selectors"), (
+                        f"{core} imports {name}"
+                    )
+
+
 def test_the_embedded_nsq_never_imports_the_consumer_or_producer():
     for path in ROOT.rglob("*.py"):
         tree = ast.parse(path.read_text(), filename=str(path))

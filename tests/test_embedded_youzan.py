@@ -16,7 +16,7 @@ import requests
 from nsqclient import protocol as p
 from nsqclient.http import LookupdClient
 from nsqclient.testing import EmbeddedNSQ
-from nsqclient.testing.youzan.client import YOUZAN_VERSION
+from nsqclient.testing.youzan.protocol import YOUZAN_VERSION
 
 TIMEOUT = 5.0
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ...protocol import FRAME_TYPE_MESSAGE
 from .options import NSQDOptions
+from .protocol_v2 import STATE_SUBSCRIBED
 
 __all__ = [
     "Broker",
@@ -28,18 +29,10 @@ __all__ = [
     "Message",
     "Channel",
     "Topic",
-    "STATE_INIT",
-    "STATE_SUBSCRIBED",
-    "STATE_CLOSING",
     "IRREGULAR",
 ]
 
 log = logging.getLogger("nsqclient.testing.queues")
-
-# Client states, with nsqd's numbering (they show up in /stats).
-STATE_INIT = 0
-STATE_SUBSCRIBED = 3
-STATE_CLOSING = 4
 
 _MSG_FRAME_HEAD = struct.Struct(">IiqH")  # size, frame type, timestamp, attempts
 
@@ -67,15 +60,24 @@ class Subscriber(Protocol):
     """What a channel needs of a subscribed client connection."""
 
     id: int
-    state: int
     rdy: int
     in_flight_count: int
     message_count: int
     in_ready: bool
     closed: bool
     write_paused: bool
-    sample_rate: int
-    msg_timeout: float
+
+    @property
+    def state(self) -> int:
+        """The client's protocol state (STATE_SUBSCRIBED while it may receive)."""
+
+    @property
+    def sample_rate(self) -> int:
+        """Percent of messages sent to the client (0: all)."""
+
+    @property
+    def msg_timeout(self) -> float:
+        """Seconds a message sent to the client stays in flight."""
 
     def write_parts(self, a: bytes, b: bytes, c: bytes) -> None:
         """Queue three byte strings to be written as one frame."""

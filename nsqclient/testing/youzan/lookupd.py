@@ -36,8 +36,8 @@ from ..http.server import HTTPServerProtocol, QueryError, Request, Response, Rou
 from ..lookupd.db import RegistrationDB
 from ..lookupd.node import LookupdListeners
 from ..lookupd.tcp import LookupConn
-from .client import YOUZAN_VERSION
 from .meta import MAX_PARTITION_NUM, MAX_REPLICATOR, Coordinator, TopicMeta
+from .protocol import YOUZAN_VERSION
 
 __all__ = ["YouzanLookupd", "YouzanLookupdHTTP", "ACCEPT_V1"]
 

@@ -22,8 +22,9 @@ from typing import Any
 
 from ..nsqd.node import NSQD
 from ..nsqd.options import NSQDOptions
-from .client import YOUZAN_VERSION, YouzanClientConn
+from .client import YouzanClientConn
 from .meta import Coordinator
+from .protocol import YOUZAN_VERSION
 
 __all__ = ["YouzanNSQD"]
 

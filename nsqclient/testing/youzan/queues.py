@@ -23,6 +23,7 @@ from collections import deque
 from typing import Protocol
 
 from ...protocol import FRAME_TYPE_MESSAGE
+from .protocol import EXT_VER_NONE
 
 __all__ = [
     "YSubscriber",
@@ -30,17 +31,12 @@ __all__ = [
     "YChannel",
     "PartitionData",
     "ID_PARTITION_SHIFT",
-    "EXT_VER_NONE",
-    "EXT_VER_JSON",
 ]
 
 log = logging.getLogger("nsqclient.testing.youzan_queues")
 
 #: internal message ids carry the partition in their top bits
 ID_PARTITION_SHIFT = 50
-#: message extension versions (youzan's ``internal/ext``)
-EXT_VER_NONE = 0
-EXT_VER_JSON = 4
 #: youzan caps a message's attempts at this value
 MAX_ATTEMPTS = 4000
 
@@ -62,11 +58,16 @@ class YSubscriber(Protocol):
     closed: bool
     write_paused: bool
     subscribed: bool
-    msg_timeout: float
-    #: the client said ``extend_support`` in IDENTIFY
-    extend_support: bool
     #: the connection subscribed with SUB_ORDERED (messages carry offset and raw size)
     detail: bool
+
+    @property
+    def msg_timeout(self) -> float:
+        """Seconds a message sent to the client stays in flight."""
+
+    @property
+    def extend_support(self) -> bool:
+        """The client said ``extend_support`` in IDENTIFY."""
 
     def write(self, data: bytes) -> None:
         """Queue bytes for the client."""
