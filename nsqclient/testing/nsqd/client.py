@@ -4,10 +4,11 @@ the commands run against the node.
 :class:`ClientConn` is the connection's asyncio protocol.  It feeds what it reads to its
 :class:`~.protocol_v2.ProtocolV2`, takes the commands out of it and runs each one on the node
 as nsqd 1.3.0 does (``nsqd/protocol_v2.go``): subscribing to a channel, RDY and the FIN/REQ/TOUCH
-of messages in flight, publishing to topics, AUTH against the auth server (see :mod:`.auth`)
-without blocking the loop.  It keeps the timers (heartbeats, the read deadline), starts TLS,
-holds commands while an answer is awaited, and reports the client in ``/stats``.  The node is
-seen through the :class:`Server` protocol, so this module does not import it.
+of messages in flight, publishing to topics, AUTH against the auth server (the client's
+:class:`~.auth.ClientAuth`) without blocking the loop.  It keeps the timers (heartbeats, the
+read deadline), starts TLS, holds commands while an answer is awaited, and reports the client
+in ``/stats``.  The node is seen through the :class:`Server` protocol, so this module does not
+import it.
 
 Output frames are queued per client and written with one ``transport.write`` per event-loop
 pass (see :mod:`.writes` for how writes are cut up on their way out).
@@ -22,8 +23,8 @@ import time
 from typing import Any, Protocol, cast
 
 from ...protocol import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, encode_frame
-from ..gostyle.text import go_json, go_quote
-from .auth import AuthState, query_auth
+from ..gostyle.text import go_json
+from .auth import ClientAuth
 from .ids import GUIDFactory
 from .options import NSQDOptions
 from .protocol_v2 import (
@@ -111,9 +112,8 @@ class ClientConn(asyncio.Protocol):
         self.connect_ts = int(time.time())
         self.channel: Channel | None = None
         self.in_ready = False
-        self.auth_secret = ""
-        self.auth_state: AuthState | None = None
-        self._auth_result: AuthState | Exception | None = None
+        #: what the auth server said of this client
+        self.auth = ClientAuth(nsqd.opts)
         self.last_cmd = 0.0
         self._hb_timer: asyncio.TimerHandle | None = None
         self._hb_next = 0.0
@@ -490,32 +490,37 @@ class ClientConn(asyncio.Protocol):
         if read is None:
             return NEED_MORE
         after, secret = read
-        if self.auth_state is not None and self.auth_state.authorizations:
+        auth = self.auth
+        if auth.authorized:
             raise FatalClientError("E_INVALID", "AUTH already set")
         if not self.nsqd.auth_enabled:
             raise FatalClientError("E_AUTH_DISABLED", "AUTH disabled")
-        result = self._auth_result
-        if result is None:
-            self.auth_secret = secret
+        if not auth.answered:
+            auth.secret = secret
             self._query_auth()
             return BLOCKED
-        self._auth_result = None
-        if isinstance(result, Exception):
-            log.info("[%s] AUTH failed %s", self.remote, result)
-            raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
-        self.auth_state = result
-        if not result.authorizations:
+        state = auth.take(self.remote)
+        if not state.authorizations:
             raise FatalClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
         self.send_response(
             go_json(
                 {
-                    "identity": result.identity,
-                    "identity_url": result.identity_url,
-                    "permission_count": len(result.authorizations),
+                    "identity": state.identity,
+                    "identity_url": state.identity_url,
+                    "permission_count": len(state.authorizations),
                 }
             )
         )
         return after
+
+    def _check_auth(self, cmd: str, topic: str, channel: str) -> bool:
+        """True when allowed; False when a refresh was started (run the command again)."""
+        if not self.nsqd.auth_enabled:
+            return True
+        if self.auth.check(cmd, topic, channel, self.loop.time(), self.remote):
+            return True
+        self._query_auth()
+        return False
 
     def _query_auth(self) -> None:
         self.blocked = True
@@ -524,22 +529,7 @@ class ClientConn(asyncio.Protocol):
         self._pending_task = self.loop.create_task(self._run_auth_query())
 
     async def _run_auth_query(self) -> None:
-        opts = self.opts
-        result: AuthState | Exception
-        try:
-            result = await query_auth(
-                list(opts.auth_http_address or []),
-                remote_ip=self.remote_ip,
-                secret=self.auth_secret,
-                tls=self.tls,
-                common_name=self._peer_common_name(),
-                connect_timeout=opts.http_client_connect_timeout,
-                request_timeout=opts.http_client_request_timeout,
-                now=self.loop.time(),
-            )
-        except ValueError as exc:
-            result = exc
-        self._auth_result = result
+        await self.auth.fetch(self.remote_ip, self.tls, self._peer_common_name(), self.loop.time())
         self._pending_task = None
         if self.transport is None:
             return
@@ -575,30 +565,6 @@ class ClientConn(asyncio.Protocol):
                 if key == "commonName":
                     return str(value)
         return ""
-
-    def _check_auth(self, cmd: str, topic: str, channel: str) -> bool:
-        """True when allowed; False when a refresh was started (run the command again)."""
-        if not self.nsqd.auth_enabled:
-            return True
-        state = self.auth_state
-        if state is None or not state.authorizations:
-            raise FatalClientError("E_AUTH_FIRST", f"AUTH required before {cmd}")
-        if state.expires <= self.loop.time():
-            result = self._auth_result
-            if result is None:
-                self._query_auth()
-                return False
-            self._auth_result = None
-            if isinstance(result, Exception):
-                log.info("[%s] AUTH failed %s", self.remote, result)
-                raise FatalClientError("E_AUTH_FAILED", "AUTH failed")
-            self.auth_state = state = result
-        if not state.is_allowed(topic, channel):
-            raise FatalClientError(
-                "E_UNAUTHORIZED",
-                f"AUTH failed for {cmd} on {go_quote(topic.encode())} {go_quote(channel.encode())}",
-            )
-        return True
 
     # subscribe and flow control
 
@@ -786,7 +752,7 @@ class ClientConn(asyncio.Protocol):
             "snappy": wire.snappy,
             "user_agent": wire.user_agent,
         }
-        state = self.auth_state
+        state = self.auth.state
         if state is not None and state.authorizations:
             out["authed"] = True
         if state is not None and state.identity:
