@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -491,17 +491,9 @@ class RealNSQ:
             f"--http-address={node.http_address}",
             f"--broadcast-address={HOST}",
         ]
-        slot.process = _Process(
-            f"nsqlookupd@{node.tcp_port}", argv, self.data_dir / "nsqlookupd.log"
+        self._launch(
+            slot, _Process(f"nsqlookupd@{node.tcp_port}", argv, self.data_dir / "nsqlookupd.log")
         )
-        slot.process.spawn()
-        slot.stopped = False
-        try:
-            slot.process.wait_ping(node.http_port)
-        except BaseException:
-            slot.process.kill()
-            slot.stopped = True
-            raise
 
     def _start_new_nsqd(self, options: dict[str, Any], attempts: int = 3) -> _NsqdSlot:
         nsqd_flags(options)  # validate before taking ports
@@ -539,17 +531,33 @@ class RealNSQ:
         if self._lookupd_slot is not None:
             argv.append(f"--lookupd-tcp-address={self._lookupd_slot.node.tcp_address}")
         argv += nsqd_flags(slot.options)
-        slot.process = _Process(
+        process = _Process(
             f"nsqd{slot.index}@{node.tcp_port}", argv, self.data_dir / f"nsqd{slot.index}.log"
         )
-        slot.process.spawn()
-        slot.stopped = False
-        try:
-            slot.process.wait_ping(node.http_port)
+
+        def registered() -> None:
             if self._lookupd_running():
                 self._wait_registered(slot, present=True)
+
+        self._launch(slot, process, registered)
+
+    def _launch(
+        self,
+        slot: _NsqdSlot | _LookupdSlot,
+        process: _Process,
+        ready: Callable[[], None] | None = None,
+    ) -> None:
+        """Start ``process`` for ``slot`` and wait until it answers ``/ping`` (and ``ready``
+        returns); kill it when it does not."""
+        slot.process = process
+        process.spawn()
+        slot.stopped = False
+        try:
+            process.wait_ping(slot.node.http_port)
+            if ready is not None:
+                ready()
         except BaseException:
-            slot.process.kill()
+            process.kill()
             slot.stopped = True
             raise
 
