@@ -1,0 +1,44 @@
+"""docs/contributing.rst, the map of the code, names every module and sub-package of nsqclient/,
+and CONTRIBUTING.rst points to it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "nsqclient"
+MAP = (ROOT / "docs" / "contributing.rst").read_text(encoding="utf-8")
+
+
+def named(name: str) -> bool:
+    return re.search(rf"``{re.escape(name)}``", MAP) is not None
+
+
+def test_every_module_of_the_package_is_named_with_its_job():
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) > 20
+    missing = [m for m in modules if not named(m)]
+    assert missing == [], f"docs/contributing.rst does not name {missing}"
+
+
+def test_every_sub_package_is_named():
+    packages = sorted(p.parent.name + "/" for p in PACKAGE.glob("*/__init__.py"))
+    assert "testing/" in packages
+    assert [p for p in packages if not named(p)] == []
+
+
+def test_every_sub_package_of_the_embedded_nsq_is_named():
+    testing = sorted(p.parent.name + "/" for p in (PACKAGE / "testing").glob("*/__init__.py"))
+    assert "nsqd/" in testing
+    assert [p for p in testing if not named(p)] == []
+
+
+def test_the_map_names_no_module_that_is_gone():
+    mentioned = set(re.findall(r"``([a-z_]+\.py)``", MAP))
+    gone = sorted(m for m in mentioned if not (PACKAGE / m).exists())
+    assert gone == []
+
+
+def test_contributing_points_to_the_map():
+    assert "docs/contributing.rst" in (ROOT / "CONTRIBUTING.rst").read_text(encoding="utf-8")
