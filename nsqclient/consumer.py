@@ -81,8 +81,8 @@ class ConnectionCounts(NamedTuple):
 class _Delegate:
     """What a Connection and the Discovery call back (see
     :class:`~nsqclient.conn.ConnectionDelegate` and :class:`~nsqclient.discovery.DiscoveryOwner`),
-    kept off the Consumer's public face.  The Consumer's connection table is the Consumer's:
-    the Discovery hands it each connection subscribed (:meth:`subscribed`)."""
+    kept off the Consumer's public face.  The connections are the Consumer's: the Discovery
+    hands each one over once subscribed (:meth:`subscribed`) and is told when it closes."""
 
     __slots__ = ("_consumer",)
 
