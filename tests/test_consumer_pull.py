@@ -111,11 +111,16 @@ def test_rdy_stays_within_max_in_flight_across_several_nsqd(nsq_cluster_factory,
     )
     wait_for(lambda: len(consumer.connections()) == 2, TIMEOUT, message="both connected")
     taken = take_n(consumer, 40)
+
+    def settled() -> bool:
+        """Both connections past their first message (RDY split 20/20) and every RDY held."""
+        taken.extend(consumer.take())
+        return sum(c.rdy for c in consumer.connection_counts()) == 40 and consumer.is_saturated()
+
     # Held without an answer: nsqd sends nothing more once every RDY is used, and the sum of
     # RDY never exceeds max_in_flight (what a connection held when its RDY was lowered for the
     # other one may briefly exceed it, as in go-nsq).
-    wait_for(consumer.is_saturated, TIMEOUT, message="saturated")
-    taken += consumer.take()
+    wait_for(settled, TIMEOUT, message=lambda: f"counts {consumer.connection_counts()}")
     assert consumer.take(timeout=0.3) == []
     counts = consumer.connection_counts()
     assert sum(c.rdy for c in counts) <= 40
