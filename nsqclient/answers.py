@@ -93,6 +93,8 @@ _condition_lock = threading.Lock()
 # to be notified on a finished future, so they can share one (an RLock, as wait() holds all
 # the Conditions of its futures at once).
 _finished_condition = threading.Condition(threading.RLock())
+# Taken by RequestFuture.watch() and by a finishing future that was watched.
+_watch_lock = threading.Lock()
 
 
 class RequestFuture(Future):
@@ -118,6 +120,8 @@ class RequestFuture(Future):
 
     #: True once a caller asked for the outcome or added a done callback (see above)
     observed = False
+    #: watch() was called (set before it looks at the state; _finish reads it after setting it)
+    _watching = False
     _on_failure: Callable[[RequestFuture], None] | None = None
 
     def __init__(
@@ -183,8 +187,14 @@ class RequestFuture(Future):
 
     def watch(self, fn: Callable[[Future], object]) -> None:
         """``add_done_callback`` for the library's own bookkeeping: does not count as taking
-        the outcome (:attr:`observed` stays as it is)."""
-        super().add_done_callback(fn)
+        the outcome (:attr:`observed` stays as it is), and makes no Condition (one module
+        lock, held for two operations, instead: see _finish)."""
+        self._watching = True
+        with _watch_lock:
+            if self._state != FINISHED:
+                self._done_callbacks.append(fn)
+                return
+        fn(self)
 
     def set_result(self, result: Any) -> None:
         self._finish(result, None)
@@ -209,6 +219,11 @@ class RequestFuture(Future):
                     else:
                         waiter.add_exception(self)
                 cond.notify_all()
+        if self._watching:
+            # A watch() that saw the state before it was FINISHED has appended its callback
+            # once this lock is free; one that comes later sees FINISHED and calls it itself.
+            with _watch_lock:
+                pass
         if self._done_callbacks:
             self._invoke_callbacks()  # type: ignore[attr-defined]  # not in typeshed
         if exception is not None and not self.observed and self._on_failure is not None:

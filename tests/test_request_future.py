@@ -110,3 +110,34 @@ def test_done_callbacks_run_once_whether_added_before_or_after():
     future.set_result(1)
     future.add_done_callback(lambda f: calls.append(("after", f.result())))
     assert calls == [("before", 1), ("after", 1)]
+
+
+def test_watch_calls_back_exactly_once_whichever_thread_wins_the_race():
+    import threading as _threading
+
+    from nsqclient.answers import RequestFuture as _RequestFuture
+
+    calls: dict[int, int] = {}
+    lock = _threading.Lock()
+
+    def seen(f) -> None:
+        with lock:
+            calls[id(f)] = calls.get(id(f), 0) + 1
+
+    futures = [_RequestFuture() for _ in range(20000)]
+    start = _threading.Barrier(2)
+
+    def finish() -> None:
+        start.wait()
+        for f in futures:
+            f.set_result(b"OK")
+
+    finisher = _threading.Thread(target=finish)
+    finisher.start()
+    start.wait()
+    for f in futures:
+        f.watch(seen)
+    finisher.join()
+    assert sorted(set(calls.values())) == [1]
+    assert len(calls) == len(futures)
+    assert not any(f.observed for f in futures)
