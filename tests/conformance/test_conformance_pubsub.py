@@ -210,7 +210,9 @@ def test_identify_msg_timeout_applies_to_the_connection(nsqd):
         start = time.monotonic()
         second = conn.expect_message(timeout=5)
         assert second.attempts == 2 and second.id == first.id
-        assert time.monotonic() - start >= 1.0
+        # nsqd's timer ran from its send, a little before this side's clock started: allow
+        # for the delivery's own latency (what matters: 1 s, not the default 60 s)
+        assert time.monotonic() - start >= 0.9
 
 
 def test_fin_after_timeout_fails_but_keeps_connection(nsq_cluster_factory):
