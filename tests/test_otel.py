@@ -1,6 +1,7 @@
 """OpenTelemetry instrumentation (nsqclient.otel) against the broker (embedded NSQ, or real nsqd
 with NSQ_BIN_DIR): the spans and metrics of publishing and consuming, read back with the SDK's
-in-memory span exporter and metric reader, and uninstrument() taking every wrapper away.
+in-memory span exporter and metric reader; instrument() adding one observer of the core
+(nsqclient.observe) and replacing nothing, uninstrument() removing it.
 
 Providers are always passed to instrument() explicitly: the global ones can be set only once
 per process (configure_from_env, which sets them, is tested in subprocesses: test_otel_env.py).
@@ -8,13 +9,14 @@ per process (configure_from_env, which sets them, is tested in subprocesses: tes
 
 from __future__ import annotations
 
-import inspect
+import ast
 import logging
 import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,36 +34,32 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 
-from nsqclient import Message, Producer, Reader, RequeueMessage, Writer  # noqa: E402
+from nsqclient import Message, Producer, Reader, RequeueMessage, Writer, observe  # noqa: E402
+from nsqclient.conn import Connection  # noqa: E402
 from nsqclient.consumer import Consumer  # noqa: E402
 from nsqclient.errors import BadMessageError  # noqa: E402
 from nsqclient.otel import NSQInstrumentor  # noqa: E402
 from nsqclient.otel import names as n  # noqa: E402
+from nsqclient.otel.observer import TelemetryObserver  # noqa: E402
 from nsqclient.testing.helpers import message_count, publish  # noqa: E402
 from nsqclient.testing.waiting import wait_for  # noqa: E402
 
 TIMEOUT = 10.0
 
-#: every method instrument() replaces
-WRAPPED = {
-    Producer: (
-        "pub",
-        "mpub",
-        "dpub",
-        "pub_async",
-        "mpub_async",
-        "dpub_async",
-        "_submit_to",
-    ),
-    Consumer: (
-        "__init__",
-        "_handle",
-        "_finish_message",
-        "_requeue_message",
-        "_touch_message",
-        "_subscribe",
-    ),
-}
+#: the classes a user's program holds: instrument() must change none of them (nor their bases)
+CLASSES = (Consumer, Producer, Reader, Writer, Connection)
+
+
+def class_dicts() -> dict[type, dict[str, Any]]:
+    """What ``vars()`` of each of CLASSES and of their bases holds now (a copy)."""
+    return {
+        klass: dict(vars(klass)) for cls in CLASSES for klass in cls.__mro__ if klass is not object
+    }
+
+
+def ours() -> list[Any]:
+    """The observers registered globally that are nsqclient.otel's."""
+    return [o for o in observe.global_observers() if isinstance(o, TelemetryObserver)]
 
 
 class ThreadRecorder(SpanProcessor):
@@ -223,13 +221,11 @@ def test_a_refused_publish_is_an_error_span(telemetry, nsq_cluster_factory):
         (event,) = span.events
         assert event.name == "exception"
         assert event.attributes["exception.type"].endswith("BadMessageError")
-    (bad,) = telemetry.spans("publish not a topic!")
-    assert bad.status.status_code is StatusCode.ERROR
-    assert bad.attributes[n.ERROR_TYPE] == "ValueError"
+    assert telemetry.spans("publish not a topic!") == []  # bad input: not an operation
     refused = {n.ERROR_TYPE: "nsqclient.errors.BadMessageError"}
     assert telemetry.total(n.SENT_MESSAGES, **refused) == 2  # attempted, refused
-    assert telemetry.total(n.SENT_MESSAGES, **{n.ERROR_TYPE: "ValueError"}) == 0  # never sent
-    assert telemetry.total(n.OPERATION_DURATION, **{n.ERROR_TYPE: "ValueError"}) == 1
+    assert telemetry.total(n.OPERATION_DURATION, **refused) == 2
+    assert telemetry.total(n.OPERATION_DURATION) == 2  # and none for the bad input
 
 
 @pytest.mark.embedded_only
@@ -290,11 +286,30 @@ def test_the_process_span_is_current_while_the_handler_runs(telemetry, nsqd, con
     assert attributes[n.BODY_SIZE] == len(b"relay me")
     assert len(attributes[n.MESSAGE_ID]) == 16  # nsqd's hex id
     assert (attributes[n.SERVER_ADDRESS], attributes[n.SERVER_PORT]) == (host, port)
-    assert [e.name for e in process.events] == [n.EVENT_FINISH]
+    assert process.events == ()  # finished: a FIN is no event of its own (see finish_events)
     group = {n.CONSUMER_GROUP: "c", n.DESTINATION: "otel_in"}
     wait_for(lambda: telemetry.total(n.PROCESS_DURATION, **group) == 1, TIMEOUT)
     assert telemetry.total(n.CONSUMED_MESSAGES, **group) == 1
     assert telemetry.total(n.CONSUMED_MESSAGES, **{n.SERVER_PORT: port}) == 1
+
+
+def test_finish_events_records_each_fin_on_its_process_span(nsqd, consumers):
+    t = Telemetry()
+    NSQInstrumentor().instrument(
+        tracer_provider=t.tracer_provider, meter_provider=t.meter_provider, finish_events=True
+    )
+    try:
+        consumer = consumers(
+            "otel_fin_events", "c", lambda m: None, nsqd_tcp_addresses=[nsqd.nsqd.tcp_address]
+        )
+        subscribed(consumer)
+        publish(nsqd.nsqd, "otel_fin_events", [b"a", b"b"])
+        for span in t.wait_spans("process otel_fin_events", 2):
+            assert [e.name for e in span.events] == [n.EVENT_FINISH]
+            assert span.status.status_code is StatusCode.UNSET
+    finally:
+        NSQInstrumentor().uninstrument()
+        t.shutdown()
 
 
 def test_requeued_messages_are_error_spans(telemetry, nsqd, consumers):
@@ -343,7 +358,7 @@ def test_requeued_messages_are_error_spans(telemetry, nsqd, consumers):
     assert len(second) == 3
     for span in second:
         assert span.status.status_code is StatusCode.UNSET
-        assert [e.name for e in span.events] == [n.EVENT_FINISH]
+        assert span.events == ()
     wait_for(lambda: telemetry.total(n.PROCESS_DURATION) == 6, TIMEOUT)
     assert telemetry.total(n.PROCESS_DURATION, **{n.ERROR_TYPE: "RuntimeError"}) == 1
     assert telemetry.total(n.PROCESS_DURATION, **{n.ERROR_TYPE: n.ERROR_REQUEUED}) == 2
@@ -551,18 +566,14 @@ def test_pynsq_reader_and_writer_are_traced_through_consumer_and_producer(teleme
 # instrument() and uninstrument()
 
 
-def test_uninstrument_puts_every_original_back_and_nothing_is_recorded_after(nsqd, consumers):
-    # (a method may be the class's own or a base class's: Consumer's come from two classes)
-    originals = {
-        (cls, name): (inspect.getattr_static(cls, name), name in cls.__dict__)
-        for cls, names in WRAPPED.items()
-        for name in names
-    }
+def test_instrument_replaces_nothing_and_uninstrument_records_nothing_after(nsqd, consumers):
+    before = class_dicts()
     t = Telemetry()
     NSQInstrumentor().instrument(tracer_provider=t.tracer_provider, meter_provider=t.meter_provider)
     try:
-        for (cls, name), (original, _) in originals.items():
-            assert cls.__dict__[name].__wrapped__ is original, name
+        # one observer of the core, and not one attribute of a class replaced
+        assert class_dicts() == before
+        assert len(ours()) == 1
         got = threading.Event()
         consumer = consumers(
             "otel_un", "c", lambda m: got.set(), nsqd_tcp_addresses=[nsqd.nsqd.tcp_address]
@@ -580,10 +591,8 @@ def test_uninstrument_puts_every_original_back_and_nothing_is_recorded_after(nsq
         durations = t.total(n.OPERATION_DURATION), t.total(n.PROCESS_DURATION)
         NSQInstrumentor().uninstrument()
         assert "nsq-otel" not in {t.name for t in threading.enumerate()}  # joined
-        for (cls, name), (original, own) in originals.items():
-            assert inspect.getattr_static(cls, name) is original, name
-            assert (name in cls.__dict__) is own, name
-            assert not hasattr(original, "__wrapped__"), name
+        assert class_dicts() == before
+        assert ours() == []
         ended = len(t.spans())
         got.clear()
         with Producer(nsqd.nsqd.tcp_address) as producer:
@@ -607,6 +616,70 @@ def test_uninstrument_puts_every_original_back_and_nothing_is_recorded_after(nsq
         t.shutdown()
 
 
+def test_the_instrumentation_uses_only_the_public_surface_of_the_core():
+    """nsqclient.otel reads no private name of another module (DESIGN.md: a private name is a
+    door that should have been a public method) and imports no conn or transport."""
+    import nsqclient.otel
+
+    found = []
+    for path in sorted(Path(nsqclient.otel.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{where} .{node.attr}")
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level < 2 and not module.startswith("nsqclient"):
+                    continue  # opentelemetry, the standard library, or nsqclient.otel itself
+                parts = module.split(".")
+                names = [a.name for a in node.names]
+                if any(_private(p) or p in ("conn", "transport") for p in parts) or any(
+                    _private(name) for name in names
+                ):
+                    found.append(f"{where} from {'.' * node.level}{module} import {names}")
+    assert found == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_clients_made_before_instrument_are_traced_and_measured(nsqd, consumers):
+    got = threading.Event()
+    consumer = consumers(
+        "otel_before", "c", lambda m: got.set(), nsqd_tcp_addresses=[nsqd.nsqd.tcp_address]
+    )
+    subscribed(consumer)
+    producer = Producer(nsqd.nsqd.tcp_address)
+    try:
+        producer.pub("otel_before", b"before")  # connected before instrument()
+        assert got.wait(TIMEOUT)
+        got.clear()
+        t = Telemetry()
+        NSQInstrumentor().instrument(
+            tracer_provider=t.tracer_provider, meter_provider=t.meter_provider
+        )
+        try:
+            port = server_of(nsqd)[1]
+            assert t.total("nsq.consumer.connections", **{n.DESTINATION: "otel_before"}) == 1
+            assert t.total("nsq.consumer.reconnects", **{n.SERVER_PORT: port}) == 0
+            assert t.total("nsq.producer.reconnects", **{n.SERVER_PORT: port}) == 0
+            producer.pub("otel_before", b"after")
+            assert got.wait(TIMEOUT)
+            (publish,) = t.wait_spans("publish otel_before", 1)
+            (process,) = t.wait_spans("process otel_before", 1)
+            assert publish.attributes[n.SERVER_PORT] == port
+            assert process.attributes[n.NSQ_ATTEMPTS] == 1
+            assert t.total(n.SENT_MESSAGES) == 1
+        finally:
+            NSQInstrumentor().uninstrument()
+            t.shutdown()
+    finally:
+        producer.close()
+
+
 def test_instrumenting_twice_is_harmless(telemetry, nsqd, caplog):
     other = Telemetry()
     try:
@@ -615,8 +688,7 @@ def test_instrumenting_twice_is_harmless(telemetry, nsqd, caplog):
                 tracer_provider=other.tracer_provider, meter_provider=other.meter_provider
             )
         assert "already instrumented" in caplog.text
-        wrapper = Producer.__dict__["pub"]
-        assert not hasattr(wrapper.__wrapped__, "__wrapped__")  # wrapped once, not twice
+        assert len(ours()) == 1  # one observer, not two
         with Producer(nsqd.nsqd.tcp_address) as producer:
             producer.pub("otel_twice", b"m")
         assert len(telemetry.wait_spans("publish otel_twice", 1)) == 1
@@ -630,7 +702,7 @@ def test_instrument_refuses_an_unknown_inject_mode():
     with pytest.raises(ValueError, match="inject"):
         NSQInstrumentor().instrument(inject="sometimes")
     assert not NSQInstrumentor().is_instrumented_by_opentelemetry
-    assert not hasattr(Producer.__dict__["pub"], "__wrapped__")
+    assert ours() == []
 
 
 def test_nothing_of_opentelemetry_is_loaded_until_instrumented():
@@ -641,7 +713,7 @@ def test_nothing_of_opentelemetry_is_loaded_until_instrumented():
         import nsqclient.otel
         from nsqclient.otel import configure_from_env
         assert configure_from_env(environ={}) is False
-        assert not hasattr(nsqclient.Producer.pub, "__wrapped__")
+        assert nsqclient.observe.global_observers() == ()
         print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
         from nsqclient.otel import NSQInstrumentor
         print(NSQInstrumentor.__name__)

@@ -4,10 +4,11 @@ a :class:`Tally`), and what an operator watches: per connection of every Consume
 messages in flight, per Consumer its backoff level and connections, per Producer the publishes
 waiting for nsqd's answer, and the reconnects of both.
 
-The callbacks read ``Consumer.stats()`` and ``Producer.stats()`` at each collection.  The
-Consumers measured are those made while instrumented, and earlier ones from their next
-connection on (see :func:`track`); the Producers are all of them (the producer module keeps a
-registry).
+The clients measured are those the instrumentation's observer is attached to (see
+:class:`Watched`): every Consumer and Producer alive while instrumented, made before
+``instrument()`` or after, until it stops or closes.  The callbacks read their public
+``Consumer.connection_counts()``, ``Consumer.stats()`` and ``Producer.stats()`` at each
+collection.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
-from .. import producer as producer_module
 from ..consumer import Consumer
+from ..producer import Producer
 from . import names as n
 
 __all__ = [
     "register",
     "activate",
-    "track",
-    "count_connect",
+    "Watched",
     "Tally",
     "MESSAGE_COUNTERS",
     "CONSUMER_GAUGES",
@@ -87,62 +87,108 @@ PRODUCER_GAUGES = (
 #: one observed value and its attributes
 _Value = tuple[float, dict[str, Any]]
 
-_lock = threading.Lock()
-#: the Consumers measured
-_consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
-#: per Consumer, connections made per subscription key ("host:port" or "host:port#P")
-_connects: weakref.WeakKeyDictionary[Consumer, dict[str, int]] = weakref.WeakKeyDictionary()
-#: the meter providers instruments were registered with, and their tallies (the SDK keeps an
-#: instrument made twice under one name as the first one, callbacks included: register once
-#: per provider)
-_registered: dict[int, tuple[MeterProvider, Any]] = {}
-#: the provider of the current instrumentation; callbacks of the others observe nothing
-_active: MeterProvider | None = None
 
+class Watched:
+    """The clients the observer is attached to, as it learns of them (``attached``,
+    ``detached``, ``connection_made``), and the connections each Consumer made per
+    subscription key (``"host:port"``, or ``"host:port#P"`` for youzan's partition P).
 
-def activate(provider: MeterProvider | None) -> None:
-    """Make ``provider``'s callbacks observe (None: none observes: uninstrumented)."""
-    global _active
-    _active = provider
+    Held weakly: a client nobody else holds is forgotten (its observers are not told then).
+    """
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._consumers: weakref.WeakKeyDictionary[Consumer, dict[str, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
 
-def track(consumer: Consumer) -> None:
-    """Measure ``consumer`` from now on."""
-    with _lock:
-        if consumer in _consumers:
-            return
-        _consumers.add(consumer)
-        # connected before it was tracked: each of those counts as a first connection
-        _connects[consumer] = dict.fromkeys(list(consumer._conns), 1)
+    def attached(self, client: Any) -> None:
+        if isinstance(client, Consumer):
+            # connected before it was watched: each of those counts as a first connection
+            keys = [counts.key for counts in client.connection_counts()]
+            with self._lock:
+                known = self._consumers.setdefault(client, {})
+                for key in keys:
+                    known.setdefault(key, 1)
+        elif isinstance(client, Producer):
+            with self._lock:
+                self._producers.add(client)
 
+    def detached(self, client: Any) -> None:
+        with self._lock:
+            if isinstance(client, Consumer):
+                self._consumers.pop(client, None)
+            else:
+                self._producers.discard(client)
 
-def count_connect(consumer: Consumer, key: str) -> None:
-    """``consumer`` subscribed to ``key`` (again, when it had been before)."""
-    track(consumer)
-    with _lock:
-        counts = _connects.setdefault(consumer, {})
-        counts[key] = counts.get(key, 0) + 1
+    def connection_made(self, consumer: Any, key: str) -> None:
+        with self._lock:
+            counts = self._consumers.get(consumer)
+            if counts is None:
+                return  # detached meanwhile
+            counts[key] = counts.get(key, 0) + 1
+
+    def consumers(self) -> list[Consumer]:
+        """The Consumers watched that are running."""
+        with self._lock:
+            consumers = list(self._consumers.keys())
+        return [c for c in consumers if c.is_running]
+
+    def connects(self) -> list[tuple[Consumer, dict[str, int]]]:
+        with self._lock:
+            return [(c, dict(counts)) for c, counts in self._consumers.items()]
+
+    def producers(self) -> list[Producer]:
+        with self._lock:
+            producers = list(self._producers)
+        return [p for p in producers if not p.closed]
 
 
 class Tally:
     """A counter counted on the message path at the cost of a dict update, reported by an
-    observable counter when the metrics are collected (the SDK's synchronous Counter costs as
-    much as a span here; the data exported is the same monotonic sum)."""
+    observable counter when the metrics are collected (the SDK's synchronous Counter costs a
+    fifth of a span here; the data exported is the same monotonic sum)."""
 
-    __slots__ = ("_lock", "_counts")
+    __slots__ = ("_lock", "_counts", "_interned")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[tuple[str, Any], ...], int] = {}
+        #: id(attributes) -> [attributes, count], for attribute dicts that are never changed
+        #: and live as long as the instrumentation (its caches)
+        self._interned: dict[int, list[Any]] = {}
 
-    def add(self, amount: int, attributes: dict[str, Any]) -> None:
-        """``Counter.add``'s signature."""
-        key = tuple(attributes.items())
+    def add(self, amount: int, attributes: dict[str, Any], interned: bool = False) -> None:
+        """``Counter.add``'s signature.  ``interned``: ``attributes`` is a dict that nobody
+        changes and that lives on (one of the instrumentation's cached dicts): counted by
+        identity, without reading its items."""
+        if interned:
+            key = id(attributes)
+            with self._lock:
+                entry = self._interned.get(key)
+                if entry is not None and entry[0] is attributes:
+                    entry[1] += amount
+                else:
+                    if len(self._interned) >= 4096:  # (more than the caches hold: fold)
+                        self._fold()
+                    self._interned[key] = [attributes, amount]
+            return
+        items = tuple(attributes.items())
         with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + amount
+            self._counts[items] = self._counts.get(items, 0) + amount
+
+    def _fold(self) -> None:
+        """Count what is counted by identity by content instead (under the lock)."""
+        counts = self._counts
+        for attributes, count in self._interned.values():
+            items = tuple(attributes.items())
+            counts[items] = counts.get(items, 0) + count
+        self._interned.clear()
 
     def read(self) -> Iterator[_Value]:
         with self._lock:
+            self._fold()
             counts = list(self._counts.items())
         for key, value in counts:
             yield value, dict(key)
@@ -150,6 +196,22 @@ class Tally:
 
 #: the message counters of one meter provider (they live as long as it)
 Tallies = tuple[Tally, Tally]
+
+_lock = threading.Lock()
+#: the meter providers instruments were registered with, and their tallies (the SDK keeps an
+#: instrument made twice under one name as the first one, callbacks included: register once
+#: per provider)
+_registered: dict[int, tuple[MeterProvider, Tallies]] = {}
+#: the provider of the current instrumentation and the clients it watches; callbacks of the
+#: other providers observe nothing
+_active: tuple[MeterProvider, Watched] | None = None
+
+
+def activate(provider: MeterProvider | None, watched: Watched | None = None) -> None:
+    """Make ``provider``'s callbacks observe ``watched`` (None: none observes:
+    uninstrumented)."""
+    global _active
+    _active = None if provider is None or watched is None else (provider, watched)
 
 
 def register(meter: Meter, provider: MeterProvider) -> Tallies:
@@ -163,14 +225,15 @@ def register(meter: Meter, provider: MeterProvider) -> Tallies:
         _registered[id(provider)] = (provider, tallies)
 
     def observing(
-        read: Callable[[], Iterator[_Value]], combine: Callable[[float, float], float]
+        read: Callable[[Watched], Iterable[_Value]], combine: Callable[[float, float], float]
     ) -> Any:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            if _active is not provider:
+            active = _active
+            if active is None or active[0] is not provider:
                 return []
             # Two Consumers of one topic/channel, or two Producers of one nsqd, add up.
             values: dict[tuple[tuple[str, Any], ...], tuple[float, dict[str, Any]]] = {}
-            for value, attributes in read():
+            for value, attributes in read(active[1]):
                 key = tuple(sorted(attributes.items()))
                 known = values.get(key)
                 values[key] = (value if known is None else combine(known[0], value), attributes)
@@ -179,12 +242,12 @@ def register(meter: Meter, provider: MeterProvider) -> Tallies:
         return callback
 
     sent, consumed = tallies
-    readers: dict[str, Callable[[], Iterator[_Value]]] = {
-        n.SENT_MESSAGES: sent.read,
-        n.CONSUMED_MESSAGES: consumed.read,
+    readers: dict[str, Callable[[Watched], Iterable[_Value]]] = {
+        n.SENT_MESSAGES: lambda watched: sent.read(),
+        n.CONSUMED_MESSAGES: lambda watched: consumed.read(),
         "nsq.consumer.connections": _consumer_connections,
-        "nsq.consumer.rdy": lambda: _per_connection("rdy"),
-        "nsq.consumer.in_flight": lambda: _per_connection("in_flight"),
+        "nsq.consumer.rdy": lambda watched: _per_connection(watched, "rdy"),
+        "nsq.consumer.in_flight": lambda watched: _per_connection(watched, "in_flight"),
         "nsq.consumer.backoff.level": _backoff_levels,
         "nsq.consumer.reconnects": _consumer_reconnects,
         "nsq.producer.in_flight": _producer_in_flight,
@@ -204,13 +267,7 @@ def register(meter: Meter, provider: MeterProvider) -> Tallies:
 # ---------------------------------------------------------------------- readers
 
 
-def _running() -> list[Consumer]:
-    with _lock:
-        consumers = list(_consumers)
-    return [c for c in consumers if c.is_running]
-
-
-def _consumer_attributes(consumer: Consumer) -> dict[str, Any]:
+def consumer_attributes(consumer: Consumer) -> dict[str, Any]:
     return {
         n.SYSTEM: n.SYSTEM_NAME,
         n.DESTINATION: consumer.topic,
@@ -218,7 +275,7 @@ def _consumer_attributes(consumer: Consumer) -> dict[str, Any]:
     }
 
 
-def _key_attributes(base: dict[str, Any], key: str) -> dict[str, Any]:
+def key_attributes(base: dict[str, Any], key: str) -> dict[str, Any]:
     """``base`` with the nsqd (and youzan partition) of a subscription key: ``"host:port"``,
     or ``"host:port#P"`` for partition P."""
     address, sep, part = key.rpartition("#")
@@ -233,73 +290,42 @@ def _key_attributes(base: dict[str, Any], key: str) -> dict[str, Any]:
     return attributes
 
 
-def _consumer_connections() -> Iterator[_Value]:
-    for consumer in _running():
-        yield (len(consumer.connections()), _consumer_attributes(consumer))
+def _consumer_connections(watched: Watched) -> Iterator[_Value]:
+    for consumer in watched.consumers():
+        yield (len(consumer.connection_counts()), consumer_attributes(consumer))
 
 
-def _per_connection(field: str) -> Iterator[_Value]:
-    for consumer in _running():
-        base = _consumer_attributes(consumer)
-        for key, stats in consumer.stats()["connections"].items():
-            yield (stats[field], _key_attributes(base, key))
+def _per_connection(watched: Watched, field: str) -> Iterator[_Value]:
+    for consumer in watched.consumers():
+        base = consumer_attributes(consumer)
+        for counts in consumer.connection_counts():
+            yield (getattr(counts, field), key_attributes(base, counts.key))
 
 
-def _backoff_levels() -> Iterator[_Value]:
-    for consumer in _running():
-        yield (consumer.stats()["backoff_level"], _consumer_attributes(consumer))
+def _backoff_levels(watched: Watched) -> Iterator[_Value]:
+    for consumer in watched.consumers():
+        yield (consumer.stats()["backoff_level"], consumer_attributes(consumer))
 
 
-def _consumer_reconnects() -> Iterator[_Value]:
-    with _lock:
-        counted = [(c, dict(_connects.get(c, {}))) for c in _consumers]
-    for consumer, counts in counted:
-        base = _consumer_attributes(consumer)
+def _consumer_reconnects(watched: Watched) -> Iterator[_Value]:
+    for consumer, counts in watched.connects():
+        base = consumer_attributes(consumer)
         for key, connects in counts.items():
-            yield (max(connects - 1, 0), _key_attributes(base, key))
+            yield (max(connects - 1, 0), key_attributes(base, key))
 
 
-def _producers() -> list[Any]:
-    return [p for p in list(producer_module._producers) if not p.closed]
-
-
-def _producer_in_flight() -> Iterator[_Value]:
-    for producer in _producers():
+def _producer_in_flight(watched: Watched) -> Iterator[_Value]:
+    for producer in watched.producers():
         for entry in producer.stats()["nsqd"]:
             connection = entry["connection"]
             pending = connection["pending_requests"] if connection else 0
-            yield (pending, _key_attributes({n.SYSTEM: n.SYSTEM_NAME}, entry["address"]))
+            yield (pending, key_attributes({n.SYSTEM: n.SYSTEM_NAME}, entry["address"]))
 
 
-def _producer_reconnects() -> Iterator[_Value]:
-    for producer in _producers():
+def _producer_reconnects(watched: Watched) -> Iterator[_Value]:
+    for producer in watched.producers():
         for entry in producer.stats()["nsqd"]:
             yield (
                 max(entry["connects"] - 1, 0),
-                _key_attributes({n.SYSTEM: n.SYSTEM_NAME}, entry["address"]),
+                key_attributes({n.SYSTEM: n.SYSTEM_NAME}, entry["address"]),
             )
-
-
-# ---------------------------------------------------------------------- wrappers
-
-
-def wrap_init(original: Callable[..., None]) -> Any:
-    """``Consumer.__init__`` tracking every Consumer made while instrumented."""
-
-    def __init__(consumer: Consumer, *args: Any, **kwargs: Any) -> None:
-        original(consumer, *args, **kwargs)
-        track(consumer)
-
-    return n.wrapping(__init__, original)
-
-
-def wrap_subscribe(original: Callable[..., None]) -> Any:
-    """``Consumer._subscribe`` (on a connect thread) counting the connections it makes."""
-
-    def _subscribe(consumer: Consumer, conn: Any, *args: Any, **kwargs: Any) -> None:
-        original(consumer, conn, *args, **kwargs)
-        info = consumer._conns.get(conn.key)
-        if info is not None and info.conn is conn:
-            count_connect(consumer, conn.key)
-
-    return n.wrapping(_subscribe, original)

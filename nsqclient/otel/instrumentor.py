@@ -1,16 +1,16 @@
 """NSQInstrumentor: turn nsqclient's OpenTelemetry spans and metrics on and off.
 
-``instrument()`` replaces a few methods of :class:`~nsqclient.Producer` and
-:class:`~nsqclient.Consumer` (on the classes, so every instance, made before or after, and
-pynsq's Reader and Writer built on them are covered) by wrappers that trace and measure;
-``uninstrument()`` puts the very same functions back.  Until ``instrument()`` nothing of
-OpenTelemetry is imported by nsqclient and nothing is wrapped: not instrumented costs nothing.
+``instrument()`` registers one observer with :func:`nsqclient.observe.add_observer`: every
+:class:`~nsqclient.Producer` and :class:`~nsqclient.Consumer`, made before or after (and so
+pynsq's Reader and Writer, which run on them), tells it what it does, and it records spans and
+metrics.  Nothing of nsqclient is replaced or patched.  ``uninstrument()`` removes the observer.
+Until ``instrument()`` nothing of OpenTelemetry is imported by nsqclient, and a client with no
+observer makes one empty check per event: not instrumented costs nothing measurable.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -20,28 +20,17 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
     BaseInstrumentor,
 )
 
-from .._version import __version__
-from ..consumer import Consumer
-from ..producer import Producer
+from .. import __version__, observe
 from . import gauges
 from . import names as n
-from .process import ProcessInstrumentation
-from .publish import INJECT_MODES, PublishInstrumentation
+from .observer import TelemetryObserver
+from .process import ConsumeTelemetry
+from .publish import INJECT_MODES, PublishTelemetry
 
 __all__ = ["NSQInstrumentor", "SCOPE", "INJECT_MODES"]
 
 #: the instrumentation scope of every span and metric (nsqclient instruments itself)
 SCOPE = "nsqclient"
-
-#: (method, NSQ command, asynchronous) of the Producer's wrapped publishing methods
-_PUBLISHERS = (
-    ("pub", "PUB", False),
-    ("mpub", "MPUB", False),
-    ("dpub", "DPUB", False),
-    ("pub_async", "PUB", True),
-    ("mpub_async", "MPUB", True),
-    ("dpub_async", "DPUB", True),
-)
 
 
 class NSQInstrumentor(BaseInstrumentor):
@@ -64,17 +53,21 @@ class NSQInstrumentor(BaseInstrumentor):
       one given or a new one), ``"given"`` (only into an ext header the caller gave),
       ``"never"``;
     * ``extract`` (default True): make a message's process span the child of the publish
-      span whose context its ext header carries.
+      span whose context its ext header carries (and link a batch's receive span to those);
+    * ``finish_events`` (default False): record every FIN as an event ``nsq.finish`` on the
+      message's process span (without it, only a FIN after another event: a span event costs
+      about a sixth of what the SDK takes per message; a process span with status UNSET was
+      finished).
 
     A second ``instrument()`` without an ``uninstrument()`` between does nothing (it logs a
-    warning); ``uninstrument()`` restores every method it replaced.  The class is a singleton,
-    as every contrib instrumentor: ``NSQInstrumentor()`` is always the same object.
+    warning); ``uninstrument()`` removes the observer ``instrument()`` added (``observer``;
+    its ``flush(timeout)`` waits until the spans of the asynchronous publishes answered so far
+    have ended).  The class is a singleton, as every contrib instrumentor:
+    ``NSQInstrumentor()`` is always the same object.
     """
 
-    #: (class, method name, what to put back) of every method replaced
-    _originals: list[tuple[type, str, Any]] = []
-    #: the publish wrappers' maker (its thread is joined on uninstrument)
-    _publish: PublishInstrumentation | None = None
+    #: the observer registered while instrumented (None otherwise)
+    observer: TelemetryObserver | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # nsqclient instruments itself: nothing else must be installed
@@ -88,7 +81,7 @@ class NSQInstrumentor(BaseInstrumentor):
         tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
         meter = metrics.get_meter(SCOPE, __version__, meter_provider)
         sent, consumed = gauges.register(meter, meter_provider)
-        publish = PublishInstrumentation(
+        publish = PublishTelemetry(
             tracer,
             sent,
             _duration(
@@ -98,60 +91,26 @@ class NSQInstrumentor(BaseInstrumentor):
             ),
             inject,
         )
-        process = ProcessInstrumentation(
+        consume = ConsumeTelemetry(
             tracer,
             consumed,
             _duration(meter, n.PROCESS_DURATION, "Duration of processing operation."),
             bool(kwargs.get("extract", True)),
+            bool(kwargs.get("finish_events", False)),
         )
-        plan: list[tuple[type, str, Callable[[Any], Any]]] = [
-            (Producer, name, functools.partial(publish.wrap, command=command, asynchronous=a))
-            for name, command, a in _PUBLISHERS
-        ]
-        plan += [
-            (Producer, "_submit_to", publish.wrap_submit),
-            (Consumer, "_handle", process.wrap_handle),
-            (Consumer, "_finish_message", process.wrap_finish),
-            (Consumer, "_requeue_message", process.wrap_requeue),
-            (Consumer, "_touch_message", process.wrap_touch),
-            (Consumer, "__init__", gauges.wrap_init),
-            (Consumer, "_subscribe", gauges.wrap_subscribe),
-        ]
-        # Every wrapper is made before any is installed: a method gone missing fails here,
-        # with nothing half done.
-        ready = []
-        for cls, name, make in plan:
-            original, own = _method(cls, name)
-            ready.append((cls, name, make(original), original if own else _INHERITED))
-        for cls, name, wrapper, _ in ready:
-            setattr(cls, name, wrapper)
-        self._originals = [(cls, name, restore) for cls, name, _, restore in ready]
-        self._publish = publish
-        gauges.activate(meter_provider)
+        watched = gauges.Watched()
+        observer = TelemetryObserver(publish, consume, watched)
+        gauges.activate(meter_provider, watched)
+        self.observer = observer
+        observe.add_observer(observer)  # every client alive is told "attached" now
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        observer, self.observer = self.observer, None
+        if observer is None:
+            return
+        observe.remove_observer(observer)
         gauges.activate(None)
-        for cls, name, original in reversed(self._originals):
-            if original is _INHERITED:
-                delattr(cls, name)  # the base class's method shows through again
-            else:
-                setattr(cls, name, original)
-        self._originals = []
-        publish, self._publish = self._publish, None
-        if publish is not None:
-            publish.close(timeout=5.0)
-
-
-#: stands for "the class had no method of its own": uninstrument deletes the wrapper
-_INHERITED = object()
-
-
-def _method(cls: type, name: str) -> tuple[Any, bool]:
-    """The function ``cls.name`` runs (its own, or a base class's) and whether it is its own."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name], klass is cls
-    raise AttributeError(f"{cls.__qualname__} has no method {name!r} to instrument")
+        observer.close(timeout=5.0)
 
 
 def _duration(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:

@@ -8,10 +8,7 @@ Nothing here imports OpenTelemetry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-W = TypeVar("W", bound=Callable[..., Any])
+from typing import Any
 
 __all__ = [
     "SYSTEM",
@@ -50,7 +47,6 @@ __all__ = [
     "error_type",
     "message_id",
     "body_size",
-    "wrapping",
 ]
 
 # ------------------------------------------------------------------ semantic conventions
@@ -165,13 +161,3 @@ def body_size(body: object) -> int | None:
     if isinstance(body, str):
         return len(body.encode("utf-8")) if not body.isascii() else len(body)
     return None
-
-
-def wrapping(wrapper: W, original: Callable[..., Any]) -> W:
-    """``wrapper`` named as ``original``, which it keeps as ``__wrapped__`` (so that
-    :func:`inspect.signature` and help() show the original)."""
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    wrapper.__name__ = original.__name__
-    wrapper.__qualname__ = original.__qualname__
-    wrapper.__doc__ = original.__doc__
-    return wrapper

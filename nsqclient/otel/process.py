@@ -1,64 +1,96 @@
-"""Process spans and metrics: the wrappers :class:`~nsqclient.otel.NSQInstrumentor` puts around
-the :class:`~nsqclient.Consumer`'s handling of one message (``Consumer._handle``, which runs on
-a worker thread and calls the handler, or the ``giving_up`` callback) and around its FIN, REQ and
-TOUCH (``Consumer._finish_message``, ``_requeue_message``, ``_touch_message``: every answer goes
-through them, the handler's own ``message.finish()`` and the automatic FIN alike).  pynsq's
-:class:`~nsqclient.Reader` runs on a Consumer and is covered by the same wrappers.
+"""Consume spans and metrics, from the Consumer's events (see :mod:`nsqclient.observe`).
 
-The CONSUMER span ``process <topic>`` is current while the handler runs; it ends when the
-handler returns.  FIN, REQ and TOUCH sent before then are events on it (a REQ also sets its
-status to ERROR); those sent later (a handler that called ``message.enable_async()``) are short
-CLIENT spans of their own, ``finish <topic>``, ``requeue <topic>`` or ``touch <topic>``, linked
-to the process span.
+Handler mode (a Consumer with a handler, and pynsq's :class:`~nsqclient.Reader` on one): the
+CONSUMER span ``process <topic>`` starts at ``handler_started`` and is current on the worker
+thread while the handler runs; it ends at ``handler_ended``, which says what the handler raised.
+REQ and TOUCH sent before then (``messages_answered``) are events on it (a REQ also sets its
+status to ERROR), and so is a give-up (``message_given_up``); a FIN is one only after another
+event, or with ``finish_events`` (an event costs a sixth of the SDK's per-message floor, and a
+span that ends with status UNSET was finished).  Answers sent later (a handler that called
+``message.enable_async()``) are short CLIENT spans of their own, ``finish <topic>``,
+``requeue <topic>`` or ``touch <topic>``, linked to the process span.
+
+Pull mode (``Consumer(topic, channel, None)`` and ``consumer.take()``): each batch taken
+(``messages_taken``) is one CONSUMER span ``receive <topic>`` (operation type ``receive``,
+``messaging.batch.message_count``, a link to each publish context the messages' youzan ext
+headers carry), and each answer call (``finish_many``, ``requeue_many``, or one message's
+``finish()``...) one CLIENT span ``finish <topic>`` / ``requeue <topic>`` / ``touch <topic>``
+(operation type ``settle``, but for TOUCH) linked to the receive spans of its messages.  A
+message given up on in ``take()`` gets a ``process`` span of its own, as in handler mode.
+
+The attributes that come from each message (its id, size, attempts) are built only for spans
+that record (``is_recording()``): before the span when the previous one recorded (the SDK takes
+them cheapest at the start), after it otherwise.  An unsampled message costs the metrics, and
+little more.
 """
 
 from __future__ import annotations
 
-import sys
+import operator
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.metrics import Histogram
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from ..consumer import Consumer
 from ..message import Message, RequeueMessage
 from . import names as n
 from .gauges import Tally
 
-__all__ = ["ProcessInstrumentation"]
+__all__ = ["ConsumeTelemetry", "MAX_PENDING"]
 
-#: messages taken over with enable_async() and not answered yet that are remembered (for the
-#: link of their later finish/requeue span); past this, the oldest are forgotten
+#: messages remembered for the link of a later answer's span (taken in pull mode, or taken
+#: over with enable_async() in handler mode) and not answered yet; past this, the oldest are
+#: forgotten (their answer is then recorded without the link, or in handler mode not at all)
 MAX_PENDING = 65536
 
-_EVENTS = {"finish": n.EVENT_FINISH, "requeue": n.EVENT_REQUEUE, "touch": n.EVENT_TOUCH}
+_EVENTS = {
+    "finish": n.EVENT_FINISH,
+    "requeue": n.EVENT_REQUEUE,
+    "touch": n.EVENT_TOUCH,
+    "give_up": n.EVENT_GIVE_UP,
+}
+
+_origin = operator.attrgetter("nsqd_address", "partition")
 
 
-class _Record:
-    """One message's process span, from the handler's start until the message is answered."""
+class _Open:
+    """One message's process span, from ``handler_started`` (or a give-up in ``take()``)
+    until it ends.  The answers and the give-up it sees are kept as they come and added as
+    events when it ends, after the handler's exception (the Consumer answers for a failed
+    handler before it tells ``handler_ended``)."""
 
-    __slots__ = ("message", "span", "attributes", "ended", "settled", "error")
+    __slots__ = ("message", "span", "recording", "attributes", "token", "started", "events")
 
-    def __init__(self, message: Message, span: trace.Span, attributes: dict[str, Any]):
+    def __init__(
+        self,
+        message: Message,
+        span: trace.Span,
+        attributes: dict[str, Any],
+        token: object,
+    ):
         self.message = message
         self.span = span
-        #: the metric attributes, which settle spans start from too
+        self.recording = span.is_recording()
+        #: the metric attributes (later answers' spans start from them too)
         self.attributes = attributes
-        #: the process span has ended (the handler returned)
-        self.ended = False
-        #: finished or requeued
-        self.settled = False
-        #: error.type of the processing, if it failed
-        self.error: str | None = None
+        self.token = token
+        self.started = time.monotonic()
+        #: (what, its attributes, time.time_ns()) of each answer and give-up seen while open;
+        #: what: "finish", "requeue", "touch", "give_up"
+        self.events: list[tuple[str, dict[str, Any] | None, int]] = []
 
 
-class ProcessInstrumentation:
-    """Builds the Consumer's wrapped methods for one :meth:`NSQInstrumentor.instrument`."""
+class ConsumeTelemetry:
+    """The Consumer half of the instrumentation's observer, for one
+    :meth:`NSQInstrumentor.instrument`."""
 
     def __init__(
         self,
@@ -66,23 +98,211 @@ class ProcessInstrumentation:
         consumed: Tally,
         duration: Histogram,
         extract: bool,
+        finish_events: bool = False,
     ):
         self.tracer = tracer
         self.consumed = consumed
         self.duration = duration
         self.extract = extract
+        #: record every FIN as an event on its process span (by default only a FIN that
+        #: follows another event: a TOUCH, a give-up)
+        self.finish_events = finish_events
+        #: did the last process span started record (see _start_process)
+        self._recorded = True
+        #: per thread: the process span of the handler it runs (``open``), and of a message
+        #: given up on in take() (``give_up``)
+        self._local = threading.local()
         self._lock = threading.Lock()
-        #: id(message) -> its record, while its span is open or it is held with enable_async()
-        self._records: dict[int, _Record] = {}
+        #: the process spans open, for answers sent from another thread than the handler's
+        self._open: dict[Message, _Open] = {}
+        #: handler mode, messages held with enable_async() after their handler returned:
+        #: the process span's context, the metric attributes and id() of the Consumer
+        self._held: dict[Message, tuple[SpanContext, dict[str, Any], int]] = {}
+        #: pull mode, per Consumer: the messages taken and not answered yet, and the context
+        #: of the receive span each came in
+        self._taken: weakref.WeakKeyDictionary[Consumer, dict[Message, SpanContext]] = (
+            weakref.WeakKeyDictionary()
+        )
+        #: (topic, channel, nsqd, partition) -> (span name, metric attributes, span attributes)
+        self._process_attributes: dict[tuple[Any, ...], tuple[str, dict, dict]] = {}
 
-    # ------------------------------------------------------------------ the handler
+    def detached(self, consumer: Consumer) -> None:
+        """``consumer`` stopped (or the observer was removed): forget what it held."""
+        key = id(consumer)
+        with self._lock:
+            self._taken.pop(consumer, None)
+            for message in [m for m, held in self._held.items() if held[2] == key]:
+                del self._held[message]
 
-    def wrap_handle(self, original: Callable[[Consumer, Message], None]) -> Any:
-        tracer = self.tracer
-        records = self._records
-        lock = self._lock
+    # ------------------------------------------------------------------ handler mode
 
-        def _handle(consumer: Consumer, message: Message) -> None:
+    def handler_started(self, consumer: Consumer, message: Message) -> None:
+        open_ = self._start_process(consumer, message)
+        open_.token = otel_context.attach(trace.set_span_in_context(open_.span))
+        self._local.open = open_
+        self._open[message] = open_
+
+    def handler_ended(
+        self, consumer: Consumer, message: Message, error: BaseException | None
+    ) -> None:
+        local = self._local
+        open_ = getattr(local, "open", None)
+        if open_ is None or open_.message is not message:
+            return  # started before instrument()
+        local.open = None
+        elapsed = time.monotonic() - open_.started
+        otel_context.detach(open_.token)
+        with self._lock:
+            self._open.pop(message, None)
+        self._end_process(open_, error, elapsed)
+        if not message.has_responded():
+            # taken over with enable_async(): its answer comes later, from anywhere
+            self._remember(consumer, message, open_)
+
+    def message_given_up(self, consumer: Consumer, message: Message) -> None:
+        event = (
+            "give_up",
+            {n.NSQ_ATTEMPTS: message.attempts, n.NSQ_MAX_TRIES: consumer.config.max_tries},
+            time.time_ns(),
+        )
+        local = self._local
+        open_ = getattr(local, "open", None)
+        if open_ is not None and open_.message is message:
+            open_.events.append(event)
+            return
+        # In take(): a process span of its own, ended by the answer that comes next on this
+        # thread (giving_up, then FIN).
+        self._end_give_up()
+        open_ = self._start_process(consumer, message)
+        open_.events.append(event)
+        local.give_up = open_
+
+    def messages_answered(
+        self,
+        consumer: Consumer,
+        messages: Sequence[Message],
+        action: str,
+        delay: float | None,
+        backoff: bool | None,
+    ) -> None:
+        local = self._local
+        open_ = getattr(local, "open", None)
+        if open_ is not None and len(messages) == 1 and messages[0] is open_.message:
+            # the common case: the handler's message, on its worker thread
+            if action == "requeue" or (
+                open_.recording and (action != "finish" or open_.events or self.finish_events)
+            ):
+                open_.events.append((action, _answer(action, delay, backoff), time.time_ns()))
+            return
+        given_up = getattr(local, "give_up", None)
+        if given_up is not None and len(messages) == 1 and messages[0] is given_up.message:
+            given_up.events.append((action, _answer(action, delay, backoff), time.time_ns()))
+            if action != "touch":
+                self._end_give_up()
+            return
+        if consumer.handler is None:
+            self._settle(consumer, messages, action, delay, backoff)
+        else:
+            self._answered_later(messages, action, delay, backoff)
+
+    # ------------------------------------------------------------------ pull mode
+
+    def messages_taken(self, consumer: Consumer, messages: Sequence[Message]) -> None:
+        self._end_give_up()
+        topic = consumer.topic
+        base = {
+            n.SYSTEM: n.SYSTEM_NAME,
+            n.DESTINATION: topic,
+            n.CONSUMER_GROUP: consumer.channel,
+            n.OPERATION_NAME: "receive",
+        }
+        span = self.tracer.start_span(
+            f"receive {topic}",
+            kind=SpanKind.CONSUMER,
+            attributes={
+                **base,
+                n.OPERATION_TYPE: "receive",
+                n.BATCH_COUNT: len(messages),
+            },
+        )
+        if span.is_recording() and self.extract:
+            seen: set[tuple[int, int]] = set()
+            for message in messages:
+                if message.ext:
+                    context = self._creation_context(message)
+                    if context is not None and (context.trace_id, context.span_id) not in seen:
+                        seen.add((context.trace_id, context.span_id))
+                        span.add_link(context)
+        span.end()
+        received = span.get_span_context()
+        with self._lock:
+            taken = self._taken.get(consumer)
+            if taken is None:
+                taken = self._taken[consumer] = {}
+            taken.update(dict.fromkeys(messages, received))
+            _bound(taken)
+        add = self.consumed.add
+        for (address, partition), count in Counter(map(_origin, messages)).items():
+            attributes = dict(base)
+            n.add_server(attributes, address)
+            if partition is not None:
+                attributes[n.PARTITION] = str(partition)
+            add(count, attributes)
+
+    def _settle(
+        self,
+        consumer: Consumer,
+        messages: Sequence[Message],
+        action: str,
+        delay: float | None,
+        backoff: bool | None,
+    ) -> None:
+        """Pull mode: one span for one answer call, linked to the receive spans of its
+        messages."""
+        with self._lock:
+            taken = self._taken.get(consumer)
+            if taken is None:
+                received = []
+            elif action == "touch":
+                received = [taken.get(m) for m in messages]
+            else:
+                pop = taken.pop
+                received = [pop(m, None) for m in messages]
+        attributes: dict[str, Any] = {
+            n.SYSTEM: n.SYSTEM_NAME,
+            n.DESTINATION: consumer.topic,
+            n.CONSUMER_GROUP: consumer.channel,
+            n.OPERATION_NAME: action,
+        }
+        if action != "touch":
+            attributes[n.OPERATION_TYPE] = "settle"
+        span = self.tracer.start_span(
+            f"{action} {consumer.topic}", kind=SpanKind.CLIENT, attributes=attributes
+        )
+        if span.is_recording():
+            if len(messages) == 1:
+                message = messages[0]
+                span.set_attribute(n.MESSAGE_ID, n.message_id(message.internal_id, message.id))
+            else:
+                span.set_attribute(n.BATCH_COUNT, len(messages))
+            extra = _answer(action, delay, backoff)
+            if extra:
+                span.set_attributes(extra)
+            linked: set[int] = set()
+            for context in received:
+                if context is not None and context.span_id not in linked:
+                    linked.add(context.span_id)
+                    span.add_link(context)
+            if action == "requeue":
+                _mark_requeued(span)
+        span.end()
+
+    # ------------------------------------------------------------------ the process span
+
+    def _start_process(self, consumer: Consumer, message: Message) -> _Open:
+        key = (consumer.topic, consumer.channel, message.nsqd_address, message.partition)
+        known = self._process_attributes.get(key)
+        if known is None:
             attributes: dict[str, Any] = {
                 n.SYSTEM: n.SYSTEM_NAME,
                 n.DESTINATION: consumer.topic,
@@ -92,152 +312,186 @@ class ProcessInstrumentation:
             n.add_server(attributes, message.nsqd_address)
             if message.partition is not None:
                 attributes[n.PARTITION] = str(message.partition)
-            span_attributes = dict(attributes)
-            span_attributes[n.OPERATION_TYPE] = "process"
-            span_attributes[n.MESSAGE_ID] = n.message_id(message.internal_id, message.id)
-            span_attributes[n.BODY_SIZE] = len(message.body)
-            span_attributes[n.NSQ_ATTEMPTS] = message.attempts
-            if message.trace_id:
-                span_attributes[n.NSQ_YOUZAN_TRACE_ID] = message.trace_id
-            if message.offset is not None:
-                span_attributes[n.NSQ_YOUZAN_OFFSET] = message.offset
-            parent = self._parent(message)
-            span = tracer.start_span(
+            known = (
                 f"process {consumer.topic}",
+                attributes,
+                {**attributes, n.OPERATION_TYPE: "process"},
+            )
+            if len(self._process_attributes) < 4096:
+                self._process_attributes[key] = known
+        name, attributes, span_attributes = known
+        parent = self._parent(message) if message.ext else None
+        start_span = self.tracer.start_span
+        if self._recorded:
+            # The last span recorded: this one most likely will too, and the SDK takes its
+            # attributes cheapest at the start.
+            span = start_span(
+                name,
                 context=parent,
                 kind=SpanKind.CONSUMER,
-                attributes=span_attributes,
+                attributes={**span_attributes, **_message_attributes(message)},
             )
-            self.consumed.add(1, attributes)
-            record = _Record(message, span, attributes)
-            key = id(message)
-            with lock:
-                records[key] = record
-                if len(records) > MAX_PENDING:
-                    del records[next(iter(records))]
-            max_tries = consumer._max_tries
-            if max_tries and message.attempts > max_tries and not consumer.ordered:
-                span.add_event(
-                    n.EVENT_GIVE_UP, {n.NSQ_ATTEMPTS: message.attempts, n.NSQ_MAX_TRIES: max_tries}
-                )
-                record.error = n.ERROR_GIVEN_UP
-                span.set_attribute(n.ERROR_TYPE, n.ERROR_GIVEN_UP)
-                span.set_status(
-                    Status(StatusCode.ERROR, f"gave up after {message.attempts} attempts")
-                )
-            token = otel_context.attach(trace.set_span_in_context(span, parent))
-            started = time.monotonic()
-            try:
-                original(consumer, message)
-            finally:
-                elapsed = time.monotonic() - started
-                otel_context.detach(token)
-                with lock:
-                    record.ended = True
-                    if record.settled or not message._async:
-                        if records.get(key) is record:
-                            del records[key]
-                span.end()
-                if record.error is not None:
-                    attributes = {**attributes, n.ERROR_TYPE: record.error}
-                self.duration.record(elapsed, attributes)
+            if not span.is_recording():
+                self._recorded = False
+        else:
+            # The last span did not record (sampled out): build the message's attributes only
+            # if this one does.
+            span = start_span(
+                name, context=parent, kind=SpanKind.CONSUMER, attributes=span_attributes
+            )
+            if span.is_recording():
+                span.set_attributes(_message_attributes(message))
+                self._recorded = True
+        self.consumed.add(1, attributes, interned=True)  # (a cached dict)
+        return _Open(message, span, attributes, None)
 
-        return n.wrapping(_handle, original)
+    def _end_process(self, open_: _Open, error: BaseException | None, elapsed: float) -> None:
+        span = open_.span
+        recording = open_.recording
+        error_type: str | None = None
+        if error is not None and not isinstance(error, RequeueMessage):
+            error_type = n.error_type(error)
+            if recording:
+                # (when the Consumer requeued for it, at the time of its REQ)
+                when = next((t for what, _, t in open_.events if what == "requeue"), None)
+                span.record_exception(error, timestamp=when)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        for what, attributes, when in open_.events:
+            if what == "give_up":
+                if error_type is None:
+                    error_type = n.ERROR_GIVEN_UP
+                    if recording:
+                        attempts = (attributes or {}).get(n.NSQ_ATTEMPTS)
+                        span.set_status(
+                            Status(StatusCode.ERROR, f"gave up after {attempts} attempts")
+                        )
+            elif what == "requeue" and error_type is None:
+                error_type = n.ERROR_REQUEUED
+                if recording:
+                    span.set_status(Status(StatusCode.ERROR, "requeued"))
+            if recording:
+                span.add_event(_EVENTS[what], attributes, when)
+        if error_type is not None:
+            if recording:
+                span.set_attribute(n.ERROR_TYPE, error_type)
+            self.duration.record(elapsed, {**open_.attributes, n.ERROR_TYPE: error_type})
+        else:
+            self.duration.record(elapsed, open_.attributes)
+        span.end()
+
+    def _end_give_up(self) -> None:
+        """End the process span of a message this thread gave up on in take() (if any)."""
+        local = self._local
+        open_ = getattr(local, "give_up", None)
+        if open_ is not None:
+            local.give_up = None
+            self._end_process(open_, None, time.monotonic() - open_.started)
 
     def _parent(self, message: Message) -> otel_context.Context | None:
         """The publisher's context from a youzan message's ext header, or None."""
-        ext = message.ext
-        if not ext or not self.extract:
+        if not self.extract:
             return None
         try:
-            return propagate.extract(ext)
+            return propagate.extract(message.ext)
         except Exception:  # a header that is not the propagator's (e.g. not a string)
             return None
 
-    # ------------------------------------------------------------------ FIN / REQ / TOUCH
+    def _creation_context(self, message: Message) -> SpanContext | None:
+        parent = self._parent(message)
+        if parent is None:
+            return None
+        context = trace.get_current_span(parent).get_span_context()
+        return context if context.is_valid else None
 
-    def wrap_finish(self, original: Callable[[Consumer, Message], None]) -> Any:
-        def _finish_message(consumer: Consumer, message: Message) -> None:
-            original(consumer, message)
-            self._answered(message, "finish", None, None)
+    # ------------------------------------------------------------------ later answers
 
-        return n.wrapping(_finish_message, original)
-
-    def wrap_requeue(self, original: Callable[..., None]) -> Any:
-        def _requeue_message(
-            consumer: Consumer, message: Message, *args: Any, **kwargs: Any
-        ) -> None:
-            original(consumer, message, *args, **kwargs)
-            delay = args[0] if args else kwargs.get("delay")
-            backoff = args[1] if len(args) > 1 else kwargs.get("backoff")
-            event: dict[str, Any] = {}
-            if delay is not None:
-                event[n.NSQ_REQUEUE_DELAY] = float(delay)
-            if backoff is not None:
-                event[n.NSQ_REQUEUE_BACKOFF] = bool(backoff)
-            # A handler's exception is being handled when the Consumer (or Reader) requeues.
-            self._answered(message, "requeue", event, sys.exc_info()[1])
-
-        return n.wrapping(_requeue_message, original)
-
-    def wrap_touch(self, original: Callable[[Consumer, Message], None]) -> Any:
-        def _touch_message(consumer: Consumer, message: Message) -> None:
-            original(consumer, message)
-            self._answered(message, "touch", None, None)
-
-        return n.wrapping(_touch_message, original)
-
-    def _answered(
-        self,
-        message: Message,
-        what: str,
-        event: dict[str, Any] | None,
-        exc: BaseException | None,
-    ) -> None:
-        key = id(message)
+    def _remember(self, consumer: Consumer, message: Message, open_: _Open) -> None:
+        entry = (open_.span.get_span_context(), open_.attributes, id(consumer))
         with self._lock:
-            record = self._records.get(key)
-            if record is None or record.message is not message:
-                return
-            if not record.ended:
-                span = record.span
-                if what == "requeue":  # the exception (if any) first, then the REQ
-                    record.error = _mark_requeued(span, exc)
-                span.add_event(_EVENTS[what], event)
-                if what != "touch":
-                    record.settled = True
-                return
-            if what != "touch":
-                del self._records[key]
-            link = Link(record.span.get_span_context())
-            base = record.attributes
-        # Answered after the handler returned (enable_async): a short span of its own.
-        attributes = dict(base)
-        attributes[n.OPERATION_NAME] = what
-        if what != "touch":
-            attributes[n.OPERATION_TYPE] = "settle"
-        attributes[n.MESSAGE_ID] = n.message_id(message.internal_id, message.id)
-        if event:
-            attributes.update(event)
-        span = self.tracer.start_span(
-            f"{what} {base[n.DESTINATION]}",
-            kind=SpanKind.CLIENT,
-            links=[link],
-            attributes=attributes,
-        )
-        if what == "requeue":
-            _mark_requeued(span, exc)
-        span.end()
+            self._held[message] = entry
+            _bound(self._held)
+        if message.has_responded():
+            # answered meanwhile, perhaps before it was remembered: forget it
+            with self._lock:
+                self._held.pop(message, None)
+
+    def _answered_later(
+        self,
+        messages: Sequence[Message],
+        action: str,
+        delay: float | None,
+        backoff: bool | None,
+    ) -> None:
+        """Handler mode: an answer from another thread than the handler's, or after it
+        returned (enable_async)."""
+        later = []
+        now = time.time_ns()
+        with self._lock:
+            for message in messages:
+                open_ = self._open.get(message)
+                if open_ is not None:  # its handler still runs
+                    if action != "finish" or open_.events or self.finish_events:
+                        open_.events.append((action, _answer(action, delay, backoff), now))
+                    continue
+                if action == "touch":
+                    held = self._held.get(message)
+                else:
+                    held = self._held.pop(message, None)
+                if held is not None:
+                    later.append((message, held))
+        for message, (context, base, _) in later:
+            attributes = {**base, n.OPERATION_NAME: action}
+            if action != "touch":
+                attributes[n.OPERATION_TYPE] = "settle"
+            span = self.tracer.start_span(
+                f"{action} {base[n.DESTINATION]}",
+                kind=SpanKind.CLIENT,
+                links=[Link(context)],
+                attributes=attributes,
+            )
+            if span.is_recording():
+                span.set_attribute(n.MESSAGE_ID, n.message_id(message.internal_id, message.id))
+                extra = _answer(action, delay, backoff)
+                if extra:
+                    span.set_attributes(extra)
+                if action == "requeue":
+                    _mark_requeued(span)
+            span.end()
 
 
-def _mark_requeued(span: trace.Span, exc: BaseException | None) -> str:
-    """Set a requeued message's span to ERROR; return its error.type."""
-    if exc is not None and not isinstance(exc, RequeueMessage):
-        kind = n.error_type(exc)
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-    else:
-        kind = n.ERROR_REQUEUED
-        span.set_status(Status(StatusCode.ERROR, "requeued"))
-    span.set_attribute(n.ERROR_TYPE, kind)
-    return kind
+def _message_attributes(message: Message) -> dict[str, Any]:
+    """A process span's attributes that come from its message."""
+    attributes: dict[str, Any] = {
+        n.MESSAGE_ID: n.message_id(message.internal_id, message.id),
+        n.BODY_SIZE: len(message.body),
+        n.NSQ_ATTEMPTS: message.attempts,
+    }
+    if message.trace_id:
+        attributes[n.NSQ_YOUZAN_TRACE_ID] = message.trace_id
+    if message.offset is not None:
+        attributes[n.NSQ_YOUZAN_OFFSET] = message.offset
+    return attributes
+
+
+def _answer(action: str, delay: float | None, backoff: bool | None) -> dict[str, Any] | None:
+    """The attributes of an answer's event (a REQ's delay and backoff)."""
+    if action != "requeue":
+        return None
+    attributes: dict[str, Any] = {}
+    if delay is not None:
+        attributes[n.NSQ_REQUEUE_DELAY] = float(delay)
+    if backoff is not None:
+        attributes[n.NSQ_REQUEUE_BACKOFF] = bool(backoff)
+    return attributes
+
+
+def _mark_requeued(span: trace.Span) -> None:
+    """A requeue span: status ERROR, ``error.type`` requeued."""
+    span.set_status(Status(StatusCode.ERROR, "requeued"))
+    span.set_attribute(n.ERROR_TYPE, n.ERROR_REQUEUED)
+
+
+def _bound(pending: dict[Message, Any]) -> None:
+    """Forget the oldest entries past MAX_PENDING (under the caller's lock)."""
+    while len(pending) > MAX_PENDING:
+        del pending[next(iter(pending))]

@@ -1,0 +1,58 @@
+"""nsqclient.otel's own pieces, without a broker: the Tally behind the message counters and
+the Finisher that ends asynchronous publishes' spans on the ``nsq-otel`` thread."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed")
+
+from nsqclient.otel.gauges import Tally  # noqa: E402
+from nsqclient.otel.publish import Finisher  # noqa: E402
+
+
+def test_a_tally_adds_up_by_content_and_by_identity():
+    tally = Tally()
+    cached = {"a": 1, "b": "x"}
+    tally.add(2, cached, interned=True)
+    tally.add(3, cached, interned=True)
+    tally.add(4, {"a": 1, "b": "x"})  # equal content, another dict
+    tally.add(1, {"a": 2})
+    assert sorted((v, sorted(a.items())) for v, a in tally.read()) == [
+        (1, [("a", 2)]),
+        (9, [("a", 1), ("b", "x")]),
+    ]
+    tally.add(1, cached, interned=True)  # counted on after a read
+    assert {v for v, a in tally.read() if a == cached} == {10}
+
+
+def test_a_tally_folds_what_it_counts_by_identity_past_its_bound():
+    tally = Tally()
+    many = [{"i": i % 3} for i in range(5000)]  # more dicts than the caches ever hold
+    for attributes in many:
+        tally.add(1, attributes, interned=True)
+    totals = {a["i"]: v for v, a in tally.read()}
+    assert totals == {0: 1667, 1: 1667, 2: 1666}
+
+
+def test_the_finisher_runs_each_job_once_on_its_thread_and_flush_waits_for_them():
+    finisher = Finisher()
+    ran: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        with lock:
+            ran.append((i, threading.current_thread().name))
+
+    for i in range(100):
+        finisher.submit(job, i)
+    assert finisher.flush(10)
+    assert sorted(i for i, _ in ran) == list(range(100))
+    assert {name for _, name in ran} == {"nsq-otel"}
+    finisher.stop(10)
+    assert "nsq-otel" not in {t.name for t in threading.enumerate()}
+    finisher.submit(job, 100)  # stopped: run where it is submitted
+    assert ran[-1] == (100, threading.current_thread().name)
+    assert len(ran) == 101
