@@ -219,15 +219,9 @@ class Transport:
         if nsock is None:
             nsock = self._nonblocking_socket()
         try:
-            data = self._recv_copy(nsock, max_bytes)
+            return self._recv_copy(nsock, max_bytes)
         except BlockingIOError:
             return None
-        except OSError:
-            if self._shut_down:
-                return b""
-            raise
-        self.bytes_in += len(data)
-        return data
 
     def recv_within(self, max_bytes: int, timeout: float) -> bytes:
         """Plain transports only: like :meth:`recv`, but waiting at most ``timeout`` seconds
@@ -316,23 +310,26 @@ class Transport:
         """Up to ``max_bytes`` bytes from below the compression layer (TLS plaintext or TCP)."""
         if self._sslobj is not None:
             return self._tls_recv(max_bytes)
-        try:
-            data = self._recv_copy(self._sock, max_bytes)
-        except OSError:
-            if self._shut_down:
-                return b""
-            raise
-        self.bytes_in += len(data)
-        return data
+        return self._recv_copy(self._sock, max_bytes)
 
     def _recv_copy(self, sock: socket.socket, max_bytes: int) -> bytes:
         """``sock.recv(max_bytes)`` through a buffer kept for the purpose: the bytes returned
         are as large as the data, not ``max_bytes`` shrunk afterwards (a large allocation
-        per read lets glibc's heap grow, see conn._WRITE_SIZE).  One reader at a time."""
+        per read lets glibc's heap grow, see conn._WRITE_SIZE).  One reader at a time.  Counted
+        in ``bytes_in``; ``b""`` once shut down; BlockingIOError from a non-blocking socket
+        with nothing waiting."""
         view = self._recv_view
         if view is None or len(view) < max_bytes:
             view = self._recv_view = memoryview(bytearray(max_bytes))
-        n = sock.recv_into(view, max_bytes)
+        try:
+            n = sock.recv_into(view, max_bytes)
+        except BlockingIOError:
+            raise
+        except OSError:
+            if self._shut_down:
+                return b""
+            raise
+        self.bytes_in += n
         return view[:n].tobytes()
 
     def _tls_recv(self, max_bytes: int) -> bytes:
