@@ -12,9 +12,10 @@ finished, nothing in flight.
 The child's GC thresholds are raised as the source raises them in Spark's own process (``--gc
 default`` keeps CPython's). Per ``--max-in-flight`` value it prints rows/s (first
 ``latestOffset`` to the last batch), the child's CPU per message (all threads) and the mean
-time per batch of ``latestOffset`` and of ``partitions`` + pickling. With ``--profile DIR`` the
-child runs under py-spy (``--gil``: the thread holding the GIL) when found, else cProfile in
-every thread; see bench/README.rst.
+time per batch of ``latestOffset`` and of ``partitions`` + pickling.  ``--option KEY=VALUE``
+passes one more source option (``--option max_tries=5``: the source's default is 0).  With
+``--profile DIR`` the child runs under py-spy (``--gil``: the thread holding the GIL) when
+found, else cProfile in every thread; see bench/README.rst.
 
     NSQ_BIN_DIR=/opt/nsq-bin .venv/bin/python bench/spark_reader.py -n 500000
     PY_SPY=/tmp/py-spy/bin/py-spy NSQ_BIN_DIR=/opt/nsq-bin \\
@@ -49,6 +50,7 @@ def child(spec: dict[str, Any]) -> None:
             "nsqd_tcp_addresses": spec["nsqd"],
             "max_in_flight": str(spec["max_in_flight"]),
             "numPartitions": str(spec["partitions"]),
+            **spec["options"],
         }
     )
     reader = NSQStreamReader(options)
@@ -105,12 +107,28 @@ def main(argv: list[str]) -> int:
         help="GC thresholds of the child, comma-separated runs: relaxed (what the source sets "
         "in Spark's process), default (CPython's) (default relaxed)",
     )
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more source option (repeatable), e.g. max_tries=5",
+    )
     common.add_profile_arguments(parser)
     args = parser.parse_args(argv)
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--option: KEY=VALUE expected, not {item!r}")
+        options[key.strip()] = value
     n = args.messages
     rows = []
     with common.open_broker(args, mem_queue_size=n + 1000) as broker:
         print(f"broker: {broker.description}; {common.describe_machine()}", file=sys.stderr)
+        if options:
+            print(f"source options: {options}", file=sys.stderr)
         runs = [
             (int(v), g)
             for g in args.gc.split(",")
@@ -131,6 +149,7 @@ def main(argv: list[str]) -> int:
                 "messages": n,
                 "max_in_flight": value,
                 "partitions": args.partitions,
+                "options": options,
                 **common.profile_spec(args, "nsqclient"),
             }
             r = common.run_child(__file__, spec, timeout=max(300.0, n / 1000))

@@ -9,18 +9,15 @@ Consumers on the same topic and channel (nsqd spreads a channel's messages over 
 connection subscribed to it), each with ``max_in_flight / k``, and adds Consumers when an nsqd
 announces a lower ``max_rdy_count`` than the 2500 assumed at the start.
 
-:class:`HoldingConsumer` is a Consumer tuned for a source that holds every message until Spark
-commits it:
+Every Consumer is in pull mode (made without a handler: no worker thread), and the fleet uses
+its public pull API only (see docs/consumer.rst, "Taking messages in batches"):
 
-* no worker thread handles its messages: the reader threads leave them in the Consumer's work
-  queue, and the source takes them all at once when it needs them (:meth:`HoldingConsumer.take`:
-  no thread wake-up per socket read, no hand-off per message);
-* :meth:`HoldingConsumer.finish_all` FINishes many messages of one connection in one write
-  (one queue put instead of one per message: ~12 µs less per message under load).
-
-Both reach into the Consumer's internals (its work queue, its counters), which is why they live
-in one small class here; the Consumer's public behaviour (RDY, discovery, backoff, stop) is
-unchanged.
+* :meth:`Fleet.take` takes what every Consumer received, all at once (``consumer.take()``:
+  no thread wake-up per socket read, no hand-off per message), each message already through
+  the give-up at ``max_tries``, youzan's ordered-offset check and tracing;
+* :meth:`Fleet.finish` and :meth:`Fleet.requeue` answer many messages with one write per
+  connection (``consumer.finish_many()`` / ``requeue_many()`` on the Consumer that received
+  them), with the Consumer's own claim, counters, RDY refill and backoff.
 """
 
 from __future__ import annotations
@@ -28,22 +25,17 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import operator
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..conn import Connection
-from ..consumer import Consumer
-from ..errors import NSQError
+from ..consumer import ConnectionCounts, Consumer
 from ..message import Message
 
-__all__ = ["Fleet", "HoldingConsumer", "DEFAULT_MAX_RDY_COUNT", "split"]
+__all__ = ["Fleet", "DEFAULT_MAX_RDY_COUNT", "split"]
 
 logger = logging.getLogger("nsqclient.spark.fleet")
-
-_conn_of = operator.attrgetter("_conn")
 
 #: nsqd's default --max-rdy-count: assumed until a connection says otherwise
 DEFAULT_MAX_RDY_COUNT = 2500
@@ -56,85 +48,14 @@ def split(total: int, parts: int) -> list[int]:
     return [share + (1 if i < extra else 0) for i in range(parts)]
 
 
-class HoldingConsumer(Consumer):
-    """A Consumer whose messages are taken in bulk with :meth:`take` (each already taken
-    over, as with ``enable_async``), to be answered later with :meth:`finish_all` or
-    ``message.requeue()``.
-
-    Its worker runs no handler: the reader threads leave what they receive in the work queue
-    (no worker is ever waiting, so none is woken) and :meth:`take` empties it.  With
-    ``max_tries``, tracing or youzan's ordered mode, messages go one by one through the
-    Consumer's usual handler path (which implements those) to ``hold([message])`` instead."""
-
-    def __init__(
-        self, topic: str, channel: str, hold: Callable[[list[Message]], None], **kwargs: Any
-    ):
-        self._hold = hold
-        super().__init__(topic, channel, self._hold_one, **kwargs)
-        self.bulk = not (self._tracing or self.ordered or self._max_tries)
-
-    def _hold_one(self, message: Message) -> None:
-        message.enable_async()
-        self._hold([message])
-
-    def _work_loop(self, index: int) -> None:
-        if not self.bulk:
-            super()._work_loop(index)
-            return
-        # Never counted idle, so the reader threads never wake this thread: it only waits
-        # for the Consumer to stop.
-        with self._work_cond:
-            while not self._workers_exit:
-                self._work_cond.wait()
-
-    def take(self) -> list[Message]:
-        """Every message received and not taken yet, in arrival order (bulk mode; [] else)."""
-        if not self.bulk:
-            return []
-        with self._work_cond:
-            if not self._work:
-                return []
-            batch = list(self._work)
-            self._work.clear()
-            # Everything queued was taken: no connection has a message waiting any more.
-            for conn, _ in itertools.groupby(batch, _conn_of):
-                conn.queued = 0
-        for message in batch:
-            message._async = True
-        return batch
-
-    def finish_all(self, conn: Connection, messages: Sequence[Message]) -> None:
-        """FIN ``messages`` (all received on ``conn``, none answered yet) in one write."""
-        if not messages:
-            return
-        for message in messages:
-            message._responded = True
-        ids = [m.id for m in messages]
-        try:
-            conn.send(b"FIN " + b"\nFIN ".join(ids) + b"\n")
-        except NSQError:
-            logger.debug(
-                "cannot FIN %d messages: connection to %s closed; nsqd will redeliver them",
-                len(messages),
-                conn.address,
-            )
-        n = len(messages)
-        with self._lock:
-            self._stats["finished"] += n
-            conn.in_flight = max(conn.in_flight - n, 0)
-            if self._backoff.level:
-                now = time.monotonic()
-                for _ in range(n):
-                    self._backoff.record(True, now)
-                self._rdy_wake.set()
-
-
 class Fleet:
-    """``k`` :class:`HoldingConsumer` on one topic/channel, holding ``max_in_flight`` in all.
+    """``k`` pull-mode Consumers on one topic/channel, holding ``max_in_flight`` in all.
+
+    Messages are taken with :meth:`take` and answered with :meth:`finish` / :meth:`requeue`
+    (or each on its own: ``message.touch()``, ``message.requeue()``).
 
     Args:
         topic, channel: what to consume.
-        hold: ``hold(messages)``, called on a worker thread of one of the Consumers.
         max_in_flight: messages held at most, across every Consumer.
         nsqd_tcp_addresses, lookupd_http_addresses: where (as for a Consumer).
         options: the other Consumer options (``max_in_flight`` among them is ignored).
@@ -144,7 +65,6 @@ class Fleet:
         self,
         topic: str,
         channel: str,
-        hold: Callable[[list[Message]], None],
         max_in_flight: int,
         nsqd_tcp_addresses: Sequence[str] | None = None,
         lookupd_http_addresses: Sequence[str] | None = None,
@@ -153,17 +73,20 @@ class Fleet:
         self.topic = topic
         self.channel = channel
         self.max_in_flight = max_in_flight
-        self._hold = hold
         self._addresses = list(nsqd_tcp_addresses or []) or None
         self._lookupds = list(lookupd_http_addresses or []) or None
         self._options = {k: v for k, v in options.items() if k != "max_in_flight"}
         self._lock = threading.Lock()
-        self._consumers: list[HoldingConsumer] = []
+        self._consumers: list[Consumer] = []
         self._max_rdy_count = DEFAULT_MAX_RDY_COUNT
         self._stopped = False
+        # Which Consumer took each message not answered through the fleet yet: an answer goes
+        # to the Consumer that received the message (a Message does not say which one it is).
+        self._owners: dict[Message, Consumer] = {}
+        self._owners_lock = threading.Lock()
 
     @property
-    def consumers(self) -> list[HoldingConsumer]:
+    def consumers(self) -> list[Consumer]:
         with self._lock:
             return list(self._consumers)
 
@@ -177,11 +100,11 @@ class Fleet:
         with self._lock:
             self._grow(self.needed(self._max_rdy_count))
 
-    def _new(self, max_in_flight: int) -> HoldingConsumer:
-        return HoldingConsumer(
+    def _new(self, max_in_flight: int) -> Consumer:
+        return Consumer(
             self.topic,
             self.channel,
-            self._hold,
+            None,  # pull mode
             nsqd_tcp_addresses=self._addresses,
             lookupd_http_addresses=self._lookupds,
             max_in_flight=max_in_flight,
@@ -202,7 +125,7 @@ class Fleet:
 
     def adjust(self) -> None:
         """Add Consumers if an nsqd announced a lower ``max_rdy_count`` than assumed."""
-        counts = [c.max_rdy_count for c in self.connections()]
+        counts = [c.max_rdy_count for c in self.connection_counts()]
         if not counts or min(counts) >= self._max_rdy_count:
             return
         with self._lock:
@@ -221,48 +144,85 @@ class Fleet:
                 )
 
     def take(self) -> list[Message]:
-        """Every message the Consumers received and nobody took yet."""
+        """Every message the Consumers received and nobody took yet (each Consumer's in
+        arrival order); never blocks.  Each is the caller's to answer."""
         taken: list[Message] = []
+        owners = self._owners
         for consumer in self.consumers:
-            taken += consumer.take()
+            batch = consumer.take()
+            if batch:
+                with self._owners_lock:
+                    owners.update(zip(batch, itertools.repeat(consumer)))
+                taken += batch
         return taken
 
-    def connections(self) -> list[Connection]:
-        """Every connection of every Consumer."""
-        return [conn for consumer in self.consumers for conn in consumer.connections()]
+    def connection_counts(self) -> list[ConnectionCounts]:
+        """Every connection's counts (RDY, ``max_rdy_count``, in flight, queued), of every
+        Consumer."""
+        return [counts for consumer in self.consumers for counts in consumer.connection_counts()]
+
+    def msg_timeouts(self) -> dict[str, float]:
+        """nsqd's ``msg_timeout`` (seconds) per nsqd address the fleet is connected to."""
+        return {
+            conn.address: float(conn.msg_timeout)
+            for consumer in self.consumers
+            for conn in consumer.connections()
+        }
 
     def saturated(self) -> bool:
         """True when nsqd will send nothing more until something is answered: every
-        connection with a RDY holds that many messages."""
-        conns = [c for c in self.connections() if c.rdy > 0]
-        return bool(conns) and all(c.in_flight >= c.rdy for c in conns)
+        connection with a RDY holds that many messages (and one has a RDY)."""
+        seen = False
+        for consumer in self.consumers:
+            if consumer.is_saturated():
+                seen = True
+            elif any(counts.rdy > 0 for counts in consumer.connection_counts()):
+                return False  # a connection nsqd may still send on
+        return seen
 
-    def finish(self, messages: Sequence[Message]) -> None:
-        """FIN ``messages`` (received by this fleet, none answered yet), one write per
-        connection.  A message whose connection is gone is only marked answered: nsqd gives
-        it again."""
-        if not messages:
-            return
-        # Messages come in runs from one connection (one socket read each): group the runs.
-        groups: dict[Connection, list[Message]] = {}
-        for conn, run in itertools.groupby(messages, _conn_of):
-            group = groups.get(conn)
-            if group is None:
-                groups[conn] = list(run)
+    def finish(self, messages: Iterable[Message]) -> int:
+        """FIN ``messages`` (taken from this fleet, none answered yet), one write per
+        connection; return how many were finished.  A message whose connection is gone is
+        only marked answered: nsqd gives it again."""
+        return sum(
+            consumer.finish_many(group) for consumer, group in self._by_owner(messages).items()
+        )
+
+    def requeue(
+        self, messages: Iterable[Message], delay: float | None = 0.0, backoff: bool = False
+    ) -> int:
+        """REQ ``messages`` (taken from this fleet, none answered yet), one write per
+        connection (by default with no delay and no backoff: what the source hands back was
+        not processed, it did not fail); return how many were requeued."""
+        return sum(
+            consumer.requeue_many(group, delay=delay, backoff=backoff)
+            for consumer, group in self._by_owner(messages).items()
+        )
+
+    def _by_owner(self, messages: Iterable[Message]) -> dict[Consumer, list[Message]]:
+        """``messages`` grouped by the Consumer that received them (which forgets them)."""
+        messages = list(messages)
+        with self._owners_lock:
+            owners = list(map(self._owners.pop, messages, itertools.repeat(None)))
+        groups: dict[Consumer, list[Message]] = {}
+        lost = start = 0
+        # Messages come in runs from one Consumer (one take each): a slice per run.
+        for consumer, run in itertools.groupby(owners):
+            end = start + len(list(run))
+            if consumer is None:
+                lost += end - start
             else:
-                group.extend(run)
-        owners = {conn: consumer for consumer in self.consumers for conn in consumer.connections()}
-        for conn, group in groups.items():
-            owner = owners.get(conn)
-            if owner is None:
-                for message in group:
-                    message._responded = True
-                logger.debug(
-                    "cannot FIN %d messages: their connection is gone; nsqd will redeliver them",
-                    len(group),
-                )
-                continue
-            owner.finish_all(conn, group)
+                group = groups.get(consumer)
+                if group is None:
+                    groups[consumer] = messages[start:end]
+                else:
+                    group.extend(messages[start:end])
+            start = end
+        if lost:
+            logger.warning(
+                "%d messages to answer were not taken from this fleet, or answered already", lost
+            )
+        return groups
 
     def stats(self) -> dict[str, Any]:
         """The Consumers' counters added up, and how many there are."""
@@ -279,7 +239,8 @@ class Fleet:
     def pause(self, timeout: float = 2.0) -> bool:
         """RDY 0 on every connection (no Consumer grows back until :meth:`stop`); wait up to
         ``timeout`` seconds for it to be queued on every connection, so that a REQ written
-        afterwards is not sent straight back.  True when it was."""
+        afterwards (it follows RDY 0 on the connection) is not sent straight back.  True when
+        it was."""
         with self._lock:
             self._stopped = True
             consumers = list(self._consumers)
@@ -287,15 +248,17 @@ class Fleet:
             consumer.set_max_in_flight(0)
         deadline = time.monotonic() + timeout
         pause = threading.Event()
-        while any(conn.rdy for conn in self.connections()):
+        while any(counts.rdy for counts in self.connection_counts()):
             if time.monotonic() >= deadline:
                 return False
             pause.wait(0.005)
         return True
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every Consumer (CLS, then close: what was queued before is written first).
-        A message that arrives meanwhile (sent before nsqd read RDY 0 or CLS) is requeued."""
+        """Stop every Consumer, in parallel (CLS, then close: what was queued before is
+        written first).  Each requeues at once what it received and nobody took (a message
+        that arrives meanwhile, sent before nsqd read RDY 0 or CLS, among them), and what was
+        taken and is still unanswered at the deadline."""
         with self._lock:
             self._stopped = True
             consumers = list(self._consumers)
@@ -311,10 +274,7 @@ class Fleet:
         ]
         for t in threads:
             t.start()
-        pause = threading.Event()
-        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-            for message in self.take():
-                message.requeue(delay=0, backoff=False)
-            pause.wait(0.02)
         for t in threads:
             t.join(max(deadline - time.monotonic(), 0.1))
+        with self._owners_lock:
+            self._owners.clear()

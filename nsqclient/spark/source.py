@@ -8,13 +8,14 @@ Where things run (Spark 4 Python data sources):
   Consumers, so that nsqd's per-connection RDY cap does not cap ``max_in_flight``), lazily, at
   the first ``latestOffset``: the reader object is also built and pickled elsewhere (to make
   the executors' ``read``), so ``__init__`` opens nothing.
-* The Consumers' reader threads leave what they receive in the Consumers' queues; the reader
-  takes it all into a :class:`~nsqclient.spark.ledger.Ledger` (numbered in arrival order) when
-  it cuts a batch, and every quarter ``msg_timeout``.  ``latestOffset`` FINishes the committed
-  batch, waits (at most ``fillTimeout``) for nsqd to refill what those FINs freed, and cuts
-  the next batch from what is held; ``partitions`` puts the batch's rows (an Arrow record
-  batch) into the InputPartitions; the executors' ``read`` yields them.  No executor talks to
-  nsqd.
+* The Consumers are in pull mode (no handler, no worker thread): their reader threads leave
+  what they receive in the Consumers' queues, and the reader takes it all
+  (``consumer.take()``) into a :class:`~nsqclient.spark.ledger.Ledger` (numbered in arrival
+  order) when it cuts a batch, and every quarter ``msg_timeout``.  ``latestOffset`` FINishes
+  the committed batch, waits (at most ``fillTimeout``) for nsqd to refill what those FINs
+  freed, and cuts the next batch from what is held; ``partitions`` puts the batch's rows (an
+  Arrow record batch) into the InputPartitions; the executors' ``read`` yields them.  No
+  executor talks to nsqd.
 * A message is FINished on the driver, on the connection it came on (one write per connection
   for the whole batch), once Spark has committed its batch: at the next ``latestOffset`` (Spark
   calls it only after it wrote the batch's entry in the checkpoint's commit log) or at
@@ -25,6 +26,11 @@ Where things run (Spark 4 Python data sources):
   SIGTERM.  The reader therefore handles SIGTERM in that process (only where nobody else
   installed a handler): it requeues what it holds, stops the Consumers, then dies of the signal
   as Spark meant.  A SIGKILL (or a crash) leaves the messages to nsqd's ``msg_timeout``.
+* Telemetry: ``NSQInstrumentor().instrument()`` in the user's driver script does not reach
+  this process.  Here, when the standard ``OTEL_*`` environment names an exporter, the reader
+  sets OpenTelemetry's SDK up from it and instruments nsqclient at its start
+  (:func:`configure_telemetry`: :func:`nsqclient.otel.configure_from_env`); nothing of
+  OpenTelemetry is imported otherwise.
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..message import Message
 from .fleet import Fleet
 from .ledger import Ledger
 from .options import SourceOptions
@@ -67,6 +72,10 @@ READER_GC_THRESHOLD = (50_000, 20, 100)
 #: The module Spark runs (``python -m ...``) as the driver-side process of a Python source.
 SPARK_SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 
+#: ``service.name`` of the reader's telemetry when ``OTEL_SERVICE_NAME`` (or
+#: ``OTEL_RESOURCE_ATTRIBUTES``) gives none
+TELEMETRY_SERVICE_NAME = "nsqclient-spark-source"
+
 #: seconds without a new message after which a filling batch is cut (nsqd refills RDY freed by
 #: FINs within a few milliseconds on a loopback or a LAN)
 FILL_GAP = 0.02
@@ -76,6 +85,41 @@ def in_spark_source_runner() -> bool:
     """True in the Python process Spark starts for a Python stream source (and nothing else)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return getattr(spec, "name", None) == SPARK_SOURCE_RUNNER
+
+
+def configure_telemetry() -> bool:
+    """OpenTelemetry from the ``OTEL_*`` environment, in Spark's source process: when it names
+    an exporter (``OTEL_TRACES_EXPORTER``, ``OTEL_METRICS_EXPORTER``, or an OTLP endpoint), set
+    the SDK up from it and instrument nsqclient (see
+    :func:`nsqclient.otel.configure_from_env`); True when that was done.  Nothing of
+    OpenTelemetry is imported when the environment asks for nothing.  Only called in Spark's
+    dedicated source process (see :func:`in_spark_source_runner`): in a process the user owns,
+    setting up telemetry is the user's call.  A set-up that fails is logged, and the source
+    runs without telemetry."""
+    from ..otel.env import configure_from_env
+
+    try:
+        return configure_from_env(service_name=TELEMETRY_SERVICE_NAME)
+    except Exception:
+        logger.exception("cannot set OpenTelemetry up from the OTEL_* environment")
+        return False
+
+
+def flush_telemetry(timeout: float = 5.0) -> None:
+    """Export what the global tracer and meter providers hold (spans in the batch processor's
+    queue, the metrics since the last periodic export), waiting up to ``timeout`` seconds for
+    each.  Spark ends its source process with SIGTERM, which runs no ``atexit`` hook (where
+    the SDK would flush), so the reader flushes when it stops.  Only after
+    :func:`configure_telemetry` said True (OpenTelemetry is imported then)."""
+    from opentelemetry import metrics, trace
+
+    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
+        flush = getattr(provider, "force_flush", None)
+        if flush is not None:
+            try:
+                flush(int(timeout * 1000))
+            except Exception:
+                logger.exception("flushing %r failed", provider)
 
 
 def relax_gc() -> tuple[int, ...]:
@@ -138,6 +182,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = False
         self._stop_claimed = False
         self._stop_done = threading.Event()
+        #: OpenTelemetry was set up from the environment at the start (flushed at stop)
+        self._telemetry = False
         self._sigterm_seen = False
 
     # Only the picklable configuration travels; threads and sockets stay in the driver process.
@@ -266,9 +312,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._take()
             with self._answer_lock:
                 held = self._ledger.release_all()
-                for message in held:
-                    if not message.has_responded():
-                        message.requeue(delay=0, backoff=False)
+                if self._fleet is not None:
+                    self._fleet.requeue(held)
             if held:
                 logger.info("stopping: requeued %d messages not committed by Spark", len(held))
             if self._fleet is not None:
@@ -276,6 +321,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._fleet.stop(timeout=10.0)
             if self._toucher is not None:
                 self._toucher.join(5.0)
+            if self._telemetry:
+                flush_telemetry()
         finally:
             self._stop_done.set()
 
@@ -292,10 +339,13 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if in_spark_source_runner():
                 before = relax_gc()
                 logger.debug("GC thresholds %s -> %s", before, gc.get_threshold())
+                # Before the Consumers exist: the instrumentation observes them from the start.
+                self._telemetry = configure_telemetry()
+                if self._telemetry:
+                    logger.info("OpenTelemetry configured from the OTEL_* environment")
             fleet = Fleet(
                 opts.topic,
                 opts.channel,
-                self._hold,
                 nsqd_tcp_addresses=opts.nsqd_tcp_addresses or None,
                 lookupd_http_addresses=opts.lookupd_http_addresses or None,
                 **opts.consumer_options,
@@ -347,23 +397,19 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         signal.signal(signal.SIGTERM, on_sigterm)
 
-    def _hold(self, messages: list[Message]) -> None:
-        # Hold the messages until Spark commits them (on a Consumer worker thread when the
-        # Consumer hands them one by one, else from _take).
-        if self._stopping.is_set():
-            for message in messages:
-                message.requeue(delay=0, backoff=False)
-            return
-        self._ledger.add_many(messages)
-
     def _take(self) -> None:
-        """Move what the Consumers received into the ledger (numbered in that order)."""
+        """Move what the Consumers received into the ledger (numbered in that order), to be
+        held until Spark commits them; once stopping, requeue it instead."""
         fleet = self._fleet
         if fleet is not None:
             with self._take_lock:
                 messages = fleet.take()
-                if messages:
-                    self._hold(messages)
+                if not messages:
+                    return
+                if self._stopping.is_set():
+                    fleet.requeue(messages)
+                else:
+                    self._ledger.add_many(messages)
 
     def _finish_through(self, offset: dict) -> int:
         """FIN every held message up to ``offset`` (if it is this reader's); how many."""
@@ -380,9 +426,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _msg_timeouts(self) -> dict[str, float]:
         fleet = self._fleet
-        if fleet is None:
-            return {}
-        return {c.address: float(c.msg_timeout) for c in fleet.connections()}
+        return {} if fleet is None else fleet.msg_timeouts()
 
     def _touch_loop(self) -> None:
         configured = self.options.consumer_options.get("msg_timeout")

@@ -1,9 +1,9 @@
 """The source's Consumers (nsqclient.spark.fleet) against the test broker, without Spark:
-max_in_flight held whatever nsqd's --max-rdy-count, FIN in bulk, requeue on stop."""
+max_in_flight held whatever nsqd's --max-rdy-count, taken and FINished in bulk, max_tries on the
+bulk path, requeue on stop."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -34,11 +34,11 @@ def test_the_fleet_holds_max_in_flight_whatever_nsqds_max_rdy_count(
     node = cluster.nsqd
     publish_numbered(node.tcp_address, "f", 7_000)
     ledger = Ledger("s")
-    fleet = Fleet("f", "spark", ledger.add_many, 6_000, nsqd_tcp_addresses=[node.tcp_address])
+    fleet = Fleet("f", "spark", 6_000, nsqd_tcp_addresses=[node.tcp_address])
     fleet.start()
     try:
         # 2500 assumed at first: three Consumers; an nsqd capping RDY at 1000 makes it six.
-        wait_for(lambda: fleet.connections(), timeout=10)
+        wait_for(lambda: fleet.connection_counts(), timeout=10)
         wait_for(
             lambda: fleet.adjust() or len(fleet.consumers) == -(-6_000 // max_rdy_count),
             timeout=10,
@@ -46,7 +46,7 @@ def test_the_fleet_holds_max_in_flight_whatever_nsqds_max_rdy_count(
         )
         assert sum(c.max_in_flight for c in fleet.consumers) == 6_000
         # One connection could hold at most max_rdy_count messages; the fleet holds 6000.
-        # They wait in the Consumers until taken (no worker thread handles them).
+        # They wait in the Consumers until taken (pull mode: no worker thread handles them).
         wait_for(
             lambda: ledger.add_many(fleet.take()) == 6_000,
             timeout=30,
@@ -58,7 +58,7 @@ def test_the_fleet_holds_max_in_flight_whatever_nsqds_max_rdy_count(
         assert in_flight(node, "f", "spark") == 6_000
         assert fleet.stats()["received"] == 6_000
         # FIN the first 4000 in one write per connection: nsqd sends the last 1000.
-        fleet.finish(ledger.release_through(4_000))
+        assert fleet.finish(ledger.release_through(4_000)) == 4_000
         wait_for(
             lambda: ledger.add_many(fleet.take()) == 7_000,
             timeout=30,
@@ -70,9 +70,8 @@ def test_the_fleet_holds_max_in_flight_whatever_nsqds_max_rdy_count(
         # Paused (RDY 0 everywhere), a requeued message is not sent straight back.
         assert fleet.pause()
         held = ledger.release_all()
-        fleet.finish(held[:1000])
-        for message in held[1000:]:
-            message.requeue(delay=0, backoff=False)
+        assert fleet.finish(held[:1000]) == 1_000
+        assert fleet.requeue(held[1000:]) == 2_000
     finally:
         fleet.stop(timeout=10)
     stats = channel_stats(node, "f", "spark")
@@ -82,29 +81,36 @@ def test_the_fleet_holds_max_in_flight_whatever_nsqds_max_rdy_count(
     assert stats["timeout_count"] == 0
 
 
+def queued(fleet: Fleet) -> int:
+    return sum(counts.queued for counts in fleet.connection_counts())
+
+
 @pytest.mark.timeout(60)
-def test_a_holding_consumer_with_max_tries_takes_messages_one_by_one(nsqd: Any) -> None:
-    address = nsqd.nsqd.tcp_address
-    publish_numbered(address, "g", 50)
-    ledger = Ledger("s")
-    calls: list[int] = []
-    lock = threading.Lock()
-
-    def hold(messages: list[Any]) -> None:
-        with lock:
-            calls.append(len(messages))
-        ledger.add_many(messages)
-
-    fleet = Fleet("g", "spark", hold, 100, nsqd_tcp_addresses=[address], max_tries=3)
+def test_with_max_tries_messages_are_taken_in_bulk_and_given_up_on_there(nsqd: Any) -> None:
+    # max_tries (5 by default) used to send every message through a handler, one at a time:
+    # the pull API gives up on a message past max_tries on the bulk path itself.
+    node = nsqd.nsqd
+    publish_numbered(node.tcp_address, "g", 50)
+    fleet = Fleet("g", "spark", 100, nsqd_tcp_addresses=[node.tcp_address], max_tries=3)
     fleet.start()
     try:
-        wait_for(lambda: len(ledger) == 50, timeout=20)
-        assert set(calls) == {1}
-        assert all(
-            m.is_async()
-            for m in ledger.slice({"session": "s", "seq": 0}, {"session": "s", "seq": 50})
-        )
-        fleet.finish(ledger.release_all())
+        for attempt in (1, 2, 3):
+            wait_for(lambda: queued(fleet) == 50, timeout=20, message=lambda: f"{queued(fleet)}")
+            taken = fleet.take()  # all 50 at once
+            assert len(taken) == 50
+            assert {m.attempts for m in taken} == {attempt}
+            assert all(m.is_async() and not m.has_responded() for m in taken)
+            assert queued(fleet) == 0
+            assert fleet.requeue(taken) == 50
+        # The fourth delivery is past max_tries: given up on (FINished) by take(), not taken.
+        wait_for(lambda: queued(fleet) == 50, timeout=20, message=lambda: f"{queued(fleet)}")
+        assert fleet.take() == []
+        stats = fleet.stats()
+        assert (stats["received"], stats["requeued"]) == (200, 150)
+        assert (stats["given_up"], stats["finished"]) == (50, 50)
     finally:
         fleet.stop(timeout=10)
-    wait_for(lambda: in_flight(nsqd.nsqd, "g", "spark") == 0, timeout=10)
+    wait_for(lambda: in_flight(node, "g", "spark") == 0, timeout=10)
+    stats = channel_stats(node, "g", "spark")
+    assert stats is not None
+    assert stats["depth"] == 0
