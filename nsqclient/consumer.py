@@ -519,8 +519,6 @@ class Consumer:
         """True while each message's trace id is logged (see :meth:`set_tracing`)."""
         return self._handling.tracing
 
-    _tracing = tracing  # (spark.fleet reads it)
-
     def set_tracing(self, enabled: bool) -> None:
         """Switch message tracing on or off at run time: while on, every message received is
         logged at INFO on ``nsqclient.trace`` (topic, partition, nsqd, message id, trace id,
