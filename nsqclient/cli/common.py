@@ -178,15 +178,29 @@ def lookupd_http_addresses(text: str) -> list[str]:
 # ------------------------------------------------------------------------------ common flags
 
 
-def add_nsqd_tcp_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
+def _add_addresses_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    dest: str,
+    kind: Callable[[str], list[str]],
+    help_text: str,
+) -> None:
+    """An address flag that may be repeated or hold a comma-separated list, into the list
+    ``args.<dest>`` ([] when not given), each value read by ``kind``."""
     parser.add_argument(
-        "--nsqd-tcp-address",
-        dest="nsqd_tcp_addresses",
+        flag,
+        dest=dest,
         action="extend",
         default=[],
-        type=tcp_addresses,
+        type=kind,
         metavar="HOST:PORT",
         help=help_text + " (may be given multiple times, or as a comma-separated list)",
+    )
+
+
+def add_nsqd_tcp_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
+    _add_addresses_flag(
+        parser, "--nsqd-tcp-address", "nsqd_tcp_addresses", tcp_addresses, help_text
     )
 
 
@@ -233,14 +247,12 @@ def add_lookupd_flag(
     parser: argparse.ArgumentParser,
     help_text: str = "nsqlookupd HTTP address to discover nsqd from",
 ) -> None:
-    parser.add_argument(
+    _add_addresses_flag(
+        parser,
         "--lookupd-http-address",
-        dest="lookupd_http_addresses",
-        action="extend",
-        default=[],
-        type=lookupd_http_addresses,
-        metavar="HOST:PORT",
-        help=help_text + " (may be given multiple times, or as a comma-separated list)",
+        "lookupd_http_addresses",
+        lookupd_http_addresses,
+        help_text,
     )
 
 
