@@ -483,14 +483,20 @@ class RealNSQ:
                     continue
                 raise
 
-    def _spawn_lookupd(self, slot: _LookupdSlot) -> None:
-        node = slot.node
-        argv = [
-            str(self.bin_dir / "nsqlookupd"),
+    def _argv(self, binary: str, node: Node, *more: str) -> list[str]:
+        """The command line of ``binary`` (nsqd or nsqlookupd) serving ``node``: listening on its
+        TCP and HTTP addresses and naming HOST to its clients, then the ``more`` flags."""
+        return [
+            str(self.bin_dir / binary),
             f"--tcp-address={node.tcp_address}",
             f"--http-address={node.http_address}",
             f"--broadcast-address={HOST}",
+            *more,
         ]
+
+    def _spawn_lookupd(self, slot: _LookupdSlot) -> None:
+        node = slot.node
+        argv = self._argv("nsqlookupd", node)
         self._launch(
             slot, _Process(f"nsqlookupd@{node.tcp_port}", argv, self.data_dir / "nsqlookupd.log")
         )
@@ -519,15 +525,13 @@ class RealNSQ:
 
     def _spawn_nsqd(self, slot: _NsqdSlot) -> None:
         node = slot.node
-        argv = [
-            str(self.bin_dir / "nsqd"),
-            f"--tcp-address={node.tcp_address}",
-            f"--http-address={node.http_address}",
+        argv = self._argv(
+            "nsqd",
+            node,
             f"--https-address={'' if node.https_port is None else f'{HOST}:{node.https_port}'}",
-            f"--broadcast-address={HOST}",
             f"--data-path={slot.data_path}",
             f"--node-id={slot.index % 1024}",
-        ]
+        )
         if self._lookupd_slot is not None:
             argv.append(f"--lookupd-tcp-address={self._lookupd_slot.node.tcp_address}")
         argv += nsqd_flags(slot.options)
