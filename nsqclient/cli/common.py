@@ -62,6 +62,7 @@ __all__ = [
     "tcp_addresses",
     "lookupd_http_addresses",
     "go_style_flags",
+    "finish_command",
 ]
 
 logger = logging.getLogger("nsqclient.cli.common")
@@ -418,6 +419,27 @@ def setup_logging(level: str) -> None:
         level=levels[level],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+# ------------------------------------------------------------------------------ subcommands
+
+
+def finish_command(
+    parser: argparse.ArgumentParser,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    client: str | None = None,
+) -> argparse.ArgumentParser:
+    """Close the parser of the subcommand ``name`` (run by ``run``) with the flags every
+    command ends with: the option passthrough of the ``client`` class when it has one
+    (``"Consumer"``: ``--consumer-opt``, ``"Producer"``: ``--producer-opt``), ``--log-level``
+    and ``--version``.  Returns ``parser``."""
+    if client is not None:
+        add_options_flag(parser, _OPTION_FLAGS[client], client)
+    add_log_level_flag(parser)
+    add_version_flag(parser, name)
+    parser.set_defaults(run=run, subparser=parser)
+    return parser
 
 
 # ------------------------------------------------------------------------------ Go-style flags

@@ -31,12 +31,10 @@ from .common import (
     StopSignals,
     UsageError,
     add_count_flag,
-    add_log_level_flag,
     add_lookupd_flag,
     add_nsqd_tcp_flag,
-    add_options_flag,
-    add_version_flag,
     client_options,
+    finish_command,
     non_negative_int,
     setup_logging,
     topic_name,
@@ -111,11 +109,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=200,
         help="messages in one MPUB at most; 1 publishes each with PUB (default: 200)",
     )
-    add_options_flag(p, "--producer-opt", "Producer")
-    add_log_level_flag(p)
-    add_version_flag(p, "pub")
-    p.set_defaults(run=run, subparser=p)
-    return p
+    return finish_command(p, "pub", run, "Producer")
 
 
 def parse_delimiter(text: str) -> bytes:

@@ -29,11 +29,10 @@ from .common import (
     TimeoutSession,
     UsageError,
     add_http_timeout_flags,
-    add_log_level_flag,
     add_lookupd_flag,
-    add_version_flag,
     channel_name,
     describe_error,
+    finish_command,
     positive_duration,
     positive_int,
     setup_logging,
@@ -84,10 +83,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="print N rows and exit (default: until stopped)",
     )
     add_http_timeout_flags(p, "nsqd and nsqlookupd")
-    add_log_level_flag(p)
-    add_version_flag(p, "stat")
-    p.set_defaults(run=run, subparser=p)
-    return p
+    return finish_command(p, "stat", run)
 
 
 @dataclass

@@ -25,13 +25,11 @@ from .common import (
     StopSignals,
     UsageError,
     add_count_flag,
-    add_log_level_flag,
-    add_options_flag,
     add_source_flags,
-    add_version_flag,
     check_reachable,
     check_sources,
     client_options,
+    finish_command,
     non_negative_int,
     run_until_stopped,
     setup_logging,
@@ -89,11 +87,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="youzan: subscribe with SUB_ORDERED (topics created ordered need it)",
     )
-    add_options_flag(p, "--consumer-opt", "Consumer")
-    add_log_level_flag(p)
-    add_version_flag(p, "tail")
-    p.set_defaults(run=run, subparser=p)
-    return p
+    return finish_command(p, "tail", run, "Consumer")
 
 
 def message_json(message: Message, topic: str) -> dict[str, Any]:

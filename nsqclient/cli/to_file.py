@@ -51,13 +51,11 @@ from .common import (
     UsageError,
     add_count_flag,
     add_http_timeout_flags,
-    add_log_level_flag,
-    add_options_flag,
     add_source_flags,
-    add_version_flag,
     check_reachable,
     check_sources,
     client_options,
+    finish_command,
     non_negative_duration,
     parse_size,
     positive_duration,
@@ -173,11 +171,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="messages received and not yet finished, at most (default: 200)",
     )
     add_http_timeout_flags(p, "nsqlookupd (listing topics)")
-    add_options_flag(p, "--consumer-opt", "Consumer")
-    add_log_level_flag(p)
-    add_version_flag(p, "to-file")
-    p.set_defaults(run=run, subparser=p)
-    return p
+    return finish_command(p, "to-file", run, "Consumer")
 
 
 def filename_format(
