@@ -2,43 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import re
-import threading
-
 import pytest
 import requests
+from _docs_programs import code_block, program_running, wait_drained
 
 from nsqclient import Producer
 from nsqclient.testing.helpers import message_count, publish
 from nsqclient.testing.waiting import wait_for
-
-DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
-
-
-def code_block(page: str, section: str) -> str:
-    """The first ``.. code-block:: python`` under the heading ``section`` of ``page``."""
-    with open(os.path.join(DOCS, page), encoding="utf-8") as f:
-        text = f.read()
-    start = text.index(section + "\n")
-    match = re.search(r"\.\. code-block:: python\n\n((?:    .*\n|\n)+)", text[start:])
-    assert match, f"no python code block under {section!r} in {page}"
-    lines = match.group(1).splitlines()
-    return "\n".join(line[4:] for line in lines) + "\n"
-
-
-def channel_stats(cluster, topic: str, channel: str) -> dict | None:
-    reply = requests.get(
-        f"{cluster.nsqd.http_url}/stats", params={"format": "json", "topic": topic}, timeout=5
-    )
-    reply.raise_for_status()
-    data = reply.json()
-    data = data.get("data", data)
-    for t in data.get("topics") or []:
-        for c in t.get("channels") or []:
-            if t["topic_name"] == topic and c["channel_name"] == channel:
-                return c
-    return None
 
 
 def test_batching_with_is_starved_flushes_on_time_and_leaves_nothing_in_flight(nsqd):
@@ -59,35 +29,11 @@ def test_batching_with_is_starved_flushes_on_time_and_leaves_nothing_in_flight(n
     )
     with Producer(nsqd.nsqd.tcp_address) as producer:
         producer.mpub("clicks", bodies)
-    errors: list[BaseException] = []
-
-    def run_example():
-        try:
-            exec(compile(source, "consumer.rst", "exec"), namespace)
-        except BaseException as exc:
-            errors.append(exc)
-
-    program = threading.Thread(target=run_example, name="batching-example")
-    program.start()
-    try:
+    with program_running(source, "consumer.rst", namespace):
         # 250 messages, batches of 100 with 200 in flight: the last 50 neither fill a batch nor
         # starve a connection; only the timed flush writes them.
         wait_for(lambda: sum(map(len, batches)) >= len(bodies), 15, 0.02, lambda: str(batches))
-        wait_for(
-            lambda: (
-                (c := channel_stats(nsqd, "clicks", "batcher")) is not None
-                and c["in_flight_count"] == 0
-                and c["depth"] == 0
-            ),
-            10,
-            0.05,
-            lambda: f"left on nsqd: {channel_stats(nsqd, 'clicks', 'batcher')}",
-        )
-    finally:
-        wait_for(lambda: "consumer" in namespace, 10)
-        namespace["consumer"].stop(timeout=10)
-        program.join(15)
-    assert not program.is_alive() and errors == []
+        wait_drained(nsqd, "clicks", "batcher", 10)
     assert sorted(b for batch in batches for b in batch) == sorted(bodies)
     sizes = [len(b) for b in batches]
     # Each connection starts at RDY 1, so the first batches are small (starved at once); then
@@ -112,29 +58,9 @@ def test_relay_recipe_moves_every_message_once(nsqd, section):
     total = 3000
     publish(node, "clicks", [b"c%04d" % i for i in range(total)])
     namespace: dict = {"__name__": "relay_example"}
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            exec(compile(source, "relay.rst", "exec"), namespace)
-        except BaseException as exc:
-            errors.append(exc)
-
-    program = threading.Thread(target=run, name="relay-example")
-    program.start()
-    try:
+    with program_running(source, "relay.rst", namespace, RELAY_TIMEOUT, RELAY_TIMEOUT):
         wait_for(lambda: message_count(node, "clicks-copy") >= total, RELAY_TIMEOUT)
-
-        def drained() -> bool:
-            c = channel_stats(nsqd, "clicks", "relay")
-            return c is not None and c["depth"] == 0 and c["in_flight_count"] == 0
-
-        wait_for(drained, RELAY_TIMEOUT)
-    finally:
-        wait_for(lambda: "consumer" in namespace, RELAY_TIMEOUT)
-        namespace["consumer"].stop(timeout=RELAY_TIMEOUT)
-        program.join(RELAY_TIMEOUT)
-    assert not program.is_alive() and errors == []
+        wait_drained(nsqd, "clicks", "relay", RELAY_TIMEOUT)
     assert message_count(node, "clicks-copy") == total
     stats = namespace["consumer"].stats()
     assert (stats["finished"], stats["requeued"]) == (total, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from test_docs_examples import channel_stats, code_block
+from _docs_programs import code_block, program_running, wait_drained
 
 from nsqclient import Producer
 from nsqclient.testing.waiting import wait_for
@@ -32,33 +32,9 @@ def test_taking_messages_in_batches_writes_each_once_and_leaves_nothing_in_fligh
     namespace = {"__name__": "pull_example", "write_all": write_all}
     with Producer(nsqd.nsqd.tcp_address) as producer:
         producer.mpub("clicks", bodies)
-    errors: list[BaseException] = []
-
-    def run_example() -> None:
-        try:
-            exec(compile(source, "consumer.rst", "exec"), namespace)
-        except BaseException as exc:
-            errors.append(exc)
-
-    program = threading.Thread(target=run_example, name="pull-example")
-    program.start()
-    try:
+    with program_running(source, "consumer.rst", namespace):
         wait_for(lambda: sum(map(len, batches)) >= len(bodies), 30, 0.02, lambda: str(batches))
-        wait_for(
-            lambda: (
-                (c := channel_stats(nsqd, "clicks", "bulk-writer")) is not None
-                and c["in_flight_count"] == 0
-                and c["depth"] == 0
-            ),
-            10,
-            0.05,
-            lambda: f"left on nsqd: {channel_stats(nsqd, 'clicks', 'bulk-writer')}",
-        )
-    finally:
-        wait_for(lambda: "consumer" in namespace, 10)
-        namespace["consumer"].stop(timeout=10)
-        program.join(15)
-    assert not program.is_alive() and errors == []
+        wait_drained(nsqd, "clicks", "bulk-writer", 10)
     assert sorted(b for batch in batches for b in batch) == sorted(bodies)
     assert max(len(b) for b in batches) <= 500
     stats = namespace["consumer"].stats()
