@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,14 +174,13 @@ def argument_parser(doc: str, messages: int, messages_help: str) -> argparse.Arg
     ``-n/--messages`` (default ``messages``)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     add_broker_arguments(parser)
-    parser.add_argument(
-        "-n",
-        "--messages",
-        type=int,
-        default=messages,
-        help=messages_help,
-    )
+    add_messages_argument(parser, messages, messages_help)
     return parser
+
+
+def add_messages_argument(parser: argparse.ArgumentParser, default: int, help: str) -> None:
+    """``-n/--messages`` (default ``default``)."""
+    parser.add_argument("-n", "--messages", type=int, default=default, help=help)
 
 
 def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -637,13 +636,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
         help="profile the children into DIR: with py-spy when found (sampling, every thread, "
         "little overhead), else cProfile in every thread (slow: figures drop several-fold)",
     )
-    group.add_argument(
-        "--profiler",
-        choices=("auto", "py-spy", "cprofile"),
-        default="auto",
-        help="auto: py-spy if found, else cProfile",
-    )
-    group.add_argument("--py-spy", metavar="PATH", help="py-spy binary (default $PY_SPY, PATH)")
+    add_profiler_arguments(group)
     group.add_argument(
         "--profile-clients",
         default="nsqclient",
@@ -651,9 +644,20 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_profiler_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--profiler`` and ``--py-spy``: which profiler (what :func:`profile_spec` reads)."""
+    parser.add_argument(
+        "--profiler",
+        choices=("auto", "py-spy", "cprofile"),
+        default="auto",
+        help="auto: py-spy if found, else cProfile",
+    )
+    parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary (default $PY_SPY, PATH)")
+
+
 def profile_spec(args: argparse.Namespace, client: str) -> dict[str, Any]:
     """The ``profile`` / ``py_spy`` entries of a child's spec."""
-    if not args.profile or client not in {c.strip() for c in args.profile_clients.split(",")}:
+    if not args.profile or client not in comma_list(args.profile_clients):
         return {"profile": None, "py_spy": None}
     py_spy = None
     if args.profiler in ("auto", "py-spy"):
@@ -671,11 +675,14 @@ def add_repeat_argument(parser: argparse.ArgumentParser) -> None:
         help="measure every case this many times, interleaving the clients (A, B, A, B...), "
         "and report the best run of each (default 3)",
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="every case tiny and once (a smoke test that the script works, not a measure)",
-    )
+    add_quick_argument(parser)
+
+
+def add_quick_argument(
+    parser: argparse.ArgumentParser,
+    help: str = "every case tiny and once (a smoke test that the script works, not a measure)",
+) -> None:
+    parser.add_argument("--quick", action="store_true", help=help)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -685,21 +692,86 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_repeat_argument(parser)
 
 
-def apply_quick(args: argparse.Namespace) -> None:
-    """``--quick``'s limits on what both scripts share: the memory run, the Go tool's run
-    time, one repeat and the child timeout."""
-    args.rss_messages = min(args.rss_messages, 4000)
-    args.go_runfor = min(args.go_runfor, 0.2)
-    args.repeat = 1
-    args.child_timeout = min(args.child_timeout, 120.0)
+#: ``--quick``'s caps on the arguments the scripts share (those a script has)
+QUICK_LIMITS: dict[str, float] = {
+    "repeat": 1,
+    "child_timeout": 120.0,
+    "stall_timeout": 15.0,
+    "rss_messages": 4000,
+    "go_runfor": 0.2,
+    "go_messages": 50_000,
+}
 
 
-def client_list(parser: argparse.ArgumentParser, clients: str, known: Sequence[str]) -> list[str]:
-    """The comma-separated ``clients``; a parser error for one not in ``known``."""
-    names = [c.strip() for c in clients.split(",") if c.strip()]
-    for c in names:
-        if c not in known:
-            parser.error(f"unknown client {c!r}")
+def apply_quick(args: argparse.Namespace, **limits: float) -> None:
+    """With ``--quick``: cap every argument of :data:`QUICK_LIMITS` that ``args`` has (one
+    repeat, the child and stall timeouts, the memory run, the Go tools' run), and the
+    script's own ``limits`` (``messages=3000``...)."""
+    if not args.quick:
+        return
+    for name, cap in {**QUICK_LIMITS, **limits}.items():
+        if hasattr(args, name):
+            setattr(args, name, min(getattr(args, name), cap))
+
+
+def add_size_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", type=int, default=MESSAGE_SIZE, help="body bytes")
+
+
+def add_max_in_flight_argument(
+    parser: argparse.ArgumentParser, help: str = "(default 2500)"
+) -> None:
+    parser.add_argument("--max-in-flight", type=int, default=2500, help=help)
+
+
+def add_stall_timeout_argument(parser: argparse.ArgumentParser, who: str) -> None:
+    """``--stall-timeout``: ``who`` (``"a consumer that receives"``) nothing that long fails."""
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=30.0,
+        help=f"{who} nothing for this many seconds fails (default 30)",
+    )
+
+
+def add_cases_argument(parser: argparse.ArgumentParser, default: Iterable[str], help: str) -> None:
+    parser.add_argument("--cases", default=",".join(default), help=help)
+
+
+def add_clients_argument(parser: argparse.ArgumentParser, clients: Sequence[str], go: str) -> None:
+    """``--clients``: any of ``clients`` (all by default); ``go`` is the Go tool among them."""
+    parser.add_argument(
+        "--clients",
+        default=",".join(clients),
+        help=f"comma-separated subset of {','.join(clients)} (default: all; gnsq and "
+        f"{go} are left out when gnsq does not import / NSQ_BIN_DIR has no {go})",
+    )
+
+
+def add_go_tool_arguments(parser: argparse.ArgumentParser, tool: str, rss_help: str) -> None:
+    """``--rss-messages`` (the memory run: ``rss_help``) and ``--go-runfor`` (of ``tool``)."""
+    parser.add_argument(
+        "--rss-messages", type=int, default=1_000_000, help=rss_help + " (default 1000000)"
+    )
+    parser.add_argument(
+        "--go-runfor", type=float, default=1.0, help=f"{tool}'s --runfor in seconds (1)"
+    )
+
+
+def comma_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated argument, stripped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def choice_list(
+    parser: argparse.ArgumentParser, text: str, known: Collection[str], what: str
+) -> list[str]:
+    """The comma-separated ``text``; a parser error for an item not in ``known`` (``what``:
+    ``"client"``, ``"case"``)."""
+    names = comma_list(text)
+    for name in names:
+        if name not in known:
+            parser.error(f"unknown {what} {name!r}; choose from {','.join(known)}")
     return names
 
 

@@ -437,8 +437,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = common.argument_parser(
         __doc__, 200_000, "messages each consumer receives (default 200000)"
     )
-    parser.add_argument("--size", type=int, default=common.MESSAGE_SIZE, help="body bytes")
-    parser.add_argument("--max-in-flight", type=int, default=2500, help="(default 2500)")
+    common.add_size_argument(parser)
+    common.add_max_in_flight_argument(parser)
     parser.add_argument(
         "--concurrency",
         default="1,4",
@@ -451,19 +451,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the 'N nsqd at once' case: nsqclient (concurrency 1) consumes one topic spread "
         "over this many nsqd, beside the same on one; 0 or 1: no such case (default 3)",
     )
-    parser.add_argument(
-        "--clients",
-        default=",".join(CLIENTS),
-        help=f"comma-separated subset of {','.join(CLIENTS)} (default: all; gnsq and "
-        "bench_reader are left out when gnsq does not import / NSQ_BIN_DIR has no bench_reader)",
-    )
-    parser.add_argument(
-        "--rss-messages",
-        type=int,
-        default=1_000_000,
-        help="one more nsqclient run (concurrency 1) of this many messages for the resident "
-        "memory growth, run once after the repeats; 0: none (default 1000000)",
-    )
+    common.add_clients_argument(parser, CLIENTS, "bench_reader")
     parser.add_argument(
         "--go-messages",
         type=int,
@@ -471,24 +459,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="messages in the channel bench_reader reads (more than it can read in "
         "--go-runfor; default 1000000)",
     )
-    parser.add_argument(
-        "--go-runfor", type=float, default=1.0, help="bench_reader's --runfor in seconds (1)"
+    common.add_go_tool_arguments(
+        parser,
+        "bench_reader",
+        "one more nsqclient run (concurrency 1) of this many messages for the resident memory "
+        "growth, run once after the repeats; 0: none",
     )
     common.add_run_arguments(parser)
-    parser.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=30.0,
-        help="a consumer that receives nothing for this many seconds fails (default 30)",
-    )
+    common.add_stall_timeout_argument(parser, "a consumer that receives")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.messages = min(args.messages, 3000)
-        args.go_messages = min(args.go_messages, 50_000)
-        args.stall_timeout = min(args.stall_timeout, 15.0)
-        common.apply_quick(args)
-    args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    args.client_list = common.client_list(parser, args.clients, CLIENTS)
+    common.apply_quick(args, messages=3000)
+    args.concurrency_list = [int(c) for c in common.comma_list(args.concurrency)]
+    args.client_list = common.choice_list(parser, args.clients, CLIENTS, "client")
     if args.messages < 4:
         parser.error("--messages must be at least 4")
     if args.repeat < 1:

@@ -29,17 +29,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _common as common
+
 HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--messages", type=int, default=200_000, help="(default 200000)")
+    common.add_messages_argument(parser, 200_000, "(default 200000)")
     parser.add_argument(
         "--out", help="directory for the profiles (default: a new temporary directory)"
     )
-    parser.add_argument("--profiler", choices=("auto", "py-spy", "cprofile"), default="auto")
-    parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary (default $PY_SPY, PATH)")
+    common.add_profiler_arguments(parser)
     parser.add_argument(
         "--clients",
         default="nsqclient",
@@ -56,12 +57,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--lines", type=int, default=40, help="lines of each summary to print (default 40)"
     )
-    parser.add_argument("--quick", action="store_true", help="tiny runs (a smoke test)")
+    common.add_quick_argument(parser, "tiny runs (a smoke test)")
     args, broker_args = parser.parse_known_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="nsqclient-profile-"))
     out.mkdir(parents=True, exist_ok=True)
     n = 3000 if args.quick else args.messages
-    common = [
+    shared = [
         "--repeat",
         "1",
         "--rss-messages",
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> int:
         *broker_args,
     ]
     runs = []
-    what = {w.strip() for w in args.what.split(",")}
+    what = set(common.comma_list(args.what))
     if "consume" in what:
         runs.append(
             [
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
                 args.concurrency,
                 "--spread",
                 "0",
-                *common,
+                *shared,
             ]
         )
     if "publish" in what:
@@ -102,7 +103,7 @@ def main(argv: list[str]) -> int:
                 str(n),
                 "-n",
                 str(max(1000, n // 10)),
-                *common,
+                *shared,
             ]
         )
     status = 0

@@ -655,38 +655,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=1_000_000,
         help="messages per client in the mpub case (default 1000000)",
     )
-    parser.add_argument(
-        "--rss-messages",
-        type=int,
-        default=1_000_000,
-        help="one more nsqclient run of this many pub_async (at most 10,000 unanswered) for the "
-        "resident memory growth, once after the repeats; 0: none (default 1000000)",
+    common.add_go_tool_arguments(
+        parser,
+        "bench_writer",
+        "one more nsqclient run of this many pub_async (at most 10,000 unanswered) for the "
+        "resident memory growth, once after the repeats; 0: none",
     )
-    parser.add_argument(
-        "--go-runfor", type=float, default=1.0, help="bench_writer's --runfor in seconds (1)"
-    )
-    parser.add_argument("--size", type=int, default=common.MESSAGE_SIZE, help="body bytes")
-    parser.add_argument(
-        "--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}"
-    )
-    parser.add_argument(
-        "--clients",
-        default=",".join(CLIENTS),
-        help=f"comma-separated subset of {','.join(CLIENTS)} (default: all; gnsq and "
-        "bench_writer are left out when gnsq does not import / NSQ_BIN_DIR has no bench_writer)",
-    )
+    common.add_size_argument(parser)
+    common.add_cases_argument(parser, CASES, f"comma-separated subset of {list(CASES)}")
+    common.add_clients_argument(parser, CLIENTS, "bench_writer")
     common.add_run_arguments(parser)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.messages = min(args.messages, 500)
-        args.pipelined_messages = min(args.pipelined_messages, 2000)
-        args.mpub_messages = min(args.mpub_messages, 4000)
-        common.apply_quick(args)
-    args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
-    for c in args.case_list:
-        if c not in CASES:
-            parser.error(f"unknown case {c!r}; choose from {list(CASES)}")
-    args.client_list = common.client_list(parser, args.clients, CLIENTS)
+    common.apply_quick(args, messages=500, pipelined_messages=2000, mpub_messages=4000)
+    args.case_list = common.choice_list(parser, args.cases, CASES, "case")
+    args.client_list = common.choice_list(parser, args.clients, CLIENTS, "client")
     if min(args.messages, args.pipelined_messages, args.mpub_messages, args.repeat) < 1:
         parser.error("message counts and --repeat must be positive")
     return args

@@ -686,36 +686,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = common.argument_parser(
         __doc__, 100_000, "messages each relay moves from A to B (default 100000)"
     )
-    parser.add_argument("--size", type=int, default=common.MESSAGE_SIZE, help="body bytes")
-    parser.add_argument(
-        "--max-in-flight",
-        type=int,
-        default=2500,
-        help="every relay's max_in_flight (nsq_to_nsq: --max-in-flight; default 2500)",
+    common.add_size_argument(parser)
+    common.add_max_in_flight_argument(
+        parser, "every relay's max_in_flight (nsq_to_nsq: --max-in-flight; default 2500)"
     )
-    parser.add_argument(
-        "--cases",
-        default=",".join(DEFAULT_CASES),
-        help=f"comma-separated subset of {','.join(CASES)} (default: {','.join(DEFAULT_CASES)}; "
+    common.add_cases_argument(
+        parser,
+        DEFAULT_CASES,
+        f"comma-separated subset of {','.join(CASES)} (default: {','.join(DEFAULT_CASES)}; "
         "nsq_to_nsq is left out when NSQ_BIN_DIR has no nsq_to_nsq)",
     )
     common.add_run_arguments(parser)
-    parser.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=30.0,
-        help="a relay that moves nothing for this many seconds fails (default 30)",
-    )
+    common.add_stall_timeout_argument(parser, "a relay that moves")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.messages = min(args.messages, 3000)
-        args.repeat = 1
-        args.child_timeout = min(args.child_timeout, 120.0)
-        args.stall_timeout = min(args.stall_timeout, 15.0)
-    args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
-    for c in args.case_list:
-        if c not in CASES:
-            parser.error(f"unknown case {c!r}; choose from {','.join(CASES)}")
+    common.apply_quick(args, messages=3000)
+    args.case_list = common.choice_list(parser, args.cases, CASES, "case")
     if args.messages < 1 or args.repeat < 1:
         parser.error("--messages and --repeat must be positive")
     return args
