@@ -90,7 +90,8 @@ class ConnectionDelegate(Protocol):
     block.  A delegate may also have ``on_state_change(conn, old, new)`` (optional), called on
     whichever thread moved the connection from one :class:`ConnectionState` to the next, and
     ``on_messages(conn, messages)`` (optional), which takes every message of one socket read at
-    once, in order, instead of one ``on_message`` call each."""
+    once, in order, instead of one ``on_message`` call each, or ``on_message_run(conn, run)``
+    (optional), which takes them undecoded (a :class:`~nsqclient.protocol.MessageRun`)."""
 
     def on_message(self, conn: Connection, message: DecodedMessage) -> None: ...
 
@@ -631,32 +632,35 @@ class Connection:
         )
 
     def _process(self, data: bytes) -> None:
-        """Handle one read's bytes: responses and errors in order, messages all together."""
+        """Handle one read's bytes in order: a run of message frames at once, others each."""
         oks = self._frames.ok_frames(data)
         if oks:
             self._answer_oks(oks)
             return
-        messages = []
-        message_type = protocol.FRAME_TYPE_MESSAGE
-        for frame in self._frames.feed(data):
-            if frame[0] == message_type:
-                messages.append(frame[1])
+        run_type = protocol.MessageRun
+        for item in self._frames.feed_runs(data):
+            if type(item) is run_type:
+                self._deliver(item)
             else:
-                self._dispatch(frame)
-        if messages:
-            self._deliver(messages)
+                self._dispatch(item)  # type: ignore[arg-type]
 
-    def _deliver(self, payloads: list[bytes]) -> None:
-        """Decode the message frames of one read and hand them to the delegate: all at once
-        to ``on_messages(conn, decoded_list)`` when it has one, else one by one."""
-        self.messages_received += len(payloads)
+    def _deliver(self, run: protocol.MessageRun) -> None:
+        """A run of message frames to the delegate: undecoded to ``on_message_run`` when it has
+        one (a columnar consumer), else decoded to ``on_messages`` or ``on_message`` each."""
+        self.messages_received += len(run.starts)
         self.last_message_at = time.monotonic()
-        decode = protocol.decode_message
-        youzan, extended, ordered = self.config.youzan, self.extended, self.ordered
-        decoded = [decode(p, youzan=youzan, extended=extended, ordered=ordered) for p in payloads]
         delegate = self.delegate
         if delegate is None:
             return
+        on_run = getattr(delegate, "on_message_run", None)
+        if on_run is not None:
+            on_run(self, run)
+            return
+        decode = protocol.decode_message_at
+        youzan, extended, ordered = self.config.youzan, self.extended, self.ordered
+        buf = run.buffer
+        pairs = zip(run.starts, run.ends, strict=True)
+        decoded = [decode(buf, start, end, youzan, extended, ordered) for start, end in pairs]
         on_messages = getattr(delegate, "on_messages", None)
         if on_messages is not None:
             on_messages(self, decoded)
@@ -667,9 +671,6 @@ class Connection:
     def _dispatch(self, frame: protocol.Frame) -> None:
         """A response or error frame (messages go to :meth:`_deliver`)."""
         ftype, data = frame
-        if ftype == protocol.FRAME_TYPE_MESSAGE:
-            self._deliver([data])
-            return
         if ftype == protocol.FRAME_TYPE_RESPONSE:
             if data == protocol.HEARTBEAT:
                 self._queue.put(protocol.nop())

@@ -25,19 +25,17 @@ call ``message.enable_async()`` to answer later from any thread.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import operator
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
-from .backoff import BackoffMode, BackoffState
+from .backoff import BackoffState
+from .batch import MessageBatch
 from .checks import check_float, check_int
 from .config import Config, check_owner
 from .conn import Connection
@@ -46,10 +44,11 @@ from .discovery import split_key as split_key  # re-exported (subscription keys)
 from .discovery import target_key as target_key
 from .errors import NSQError, ServerError
 from .handling import Handling
+from .intake import Intake
 from .message import Message
 from .observe import ObserverSet, tell
-from .rdy import is_starved, needs_refill
-from .rdy_balancer import ConnInfo, RdyBalancer, conn_views, send_rdy
+from .rdy import is_starved
+from .rdy_balancer import ConnectionCounts, ConnInfo, RdyBalancer, conn_views, connection_counts
 from .responder import Responder
 
 __all__ = ["Consumer", "ConnectionCounts"]
@@ -58,25 +57,6 @@ logger = logging.getLogger("nsqclient.consumer")
 
 Handler = Callable[[Message], Any]
 
-_conn_of = operator.attrgetter("_conn")
-
-
-class ConnectionCounts(NamedTuple):
-    """One connection's flow-control counts (see :meth:`Consumer.connection_counts`)."""
-
-    #: the Consumer's name for the connection: ``host:port``, plus ``#partition`` on youzan
-    key: str
-    #: ``host:port``
-    address: str
-    #: the RDY last sent
-    rdy: int
-    #: nsqd's limit on one connection's RDY (from IDENTIFY)
-    max_rdy_count: int
-    #: messages received and not answered yet
-    in_flight: int
-    #: of those, messages waiting for a handler worker, or for take() (pull mode)
-    queued: int
-
 
 class _Delegate:
     """What a Connection and the Discovery call back (see
@@ -84,10 +64,12 @@ class _Delegate:
     kept off the Consumer's public face.  The connections are the Consumer's: the Discovery
     hands each one over once subscribed (:meth:`subscribed`) and is told when it closes."""
 
-    __slots__ = ("_consumer",)
+    __slots__ = ("_consumer", "on_message_run")
 
     def __init__(self, consumer: Consumer):
         self._consumer = consumer
+        if consumer._columnar:  # the connections hand over undecoded runs (see conn.py)
+            self.on_message_run = consumer._on_message_run
 
     def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
         self._consumer._on_messages(conn, [decoded])
@@ -160,6 +142,8 @@ class Consumer:
         on_out_of_order: youzan, ordered: ``hook(message, last_offset)`` run (on a worker,
             before the handler) when a message's disk queue offset is below the last one seen
             on its partition; the message is then handled as usual.
+        columnar: pull mode: messages come as :class:`~nsqclient.batch.MessageBatch` columns
+            (:meth:`take_batches`), no object per message; :meth:`take` is then refused.
         **options: :class:`~nsqclient.config.Config` options: ``max_in_flight``,
             ``concurrency``, ``max_tries``, ``default_requeue_delay``, ``max_backoff_duration``,
             ``lookupd_poll_interval``, ``msg_timeout``, TLS/compression/auth... (seconds).
@@ -179,6 +163,7 @@ class Consumer:
         partition: int | None = None,
         ordered: bool = False,
         on_out_of_order: Callable[[Message, int], Any] | None = None,
+        columnar: bool = False,
         **options: Any,
     ):
         self.topic = protocol.check_topic_name(topic)
@@ -187,6 +172,9 @@ class Consumer:
             raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
         #: pull mode (no handler): messages wait in the work queue until take()
         self._pull = handler is None
+        if columnar and not self._pull:
+            raise ValueError("columnar=True is for pull mode: make the Consumer with handler=None")
+        self._columnar = bool(columnar)
         check_owner(options, "Consumer")
         self.config = Config(**options)
         self.nsqd_tcp_addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
@@ -219,13 +207,6 @@ class Consumer:
 
         self._lock = threading.RLock()
         self._conns: dict[str, ConnInfo] = {}
-        # Messages waiting for a handler worker, oldest first.  The reader appends a whole
-        # socket read's worth under _work_cond; workers pop one at a time without it and
-        # wait on it only when the deque is empty.
-        self._work: deque[Message] = deque()
-        self._work_cond = threading.Condition(threading.Lock())
-        self._idle_workers = 0
-        self._workers_exit = False
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_requested = threading.Event()
@@ -261,6 +242,14 @@ class Consumer:
             "requeue_failed": 0,
             "touch_failed": 0,
         }
+        # What the connections received, until a worker or a taker has it.
+        self._intake = Intake(
+            lock=self._lock,
+            conns=self._conns,
+            stats=self._stats,
+            backoff=self._backoff,
+            rdy_wake=self._rdy_wake,
+        )
         self._observers = ObserverSet(self)
         self._responder = Responder(
             self,
@@ -409,8 +398,7 @@ class Consumer:
         self._rdy.stop()
         self._responder.stopping = True
         self._stopping.set()
-        with self._work_cond:  # a taker waiting in take() returns now
-            self._work_cond.notify_all()
+        self._intake.wake_all()  # a taker waiting in take() returns now
         deadline = time.monotonic() + timeout
         if not self._stop_lock.acquire(timeout=max(timeout, 0.0)):
             return  # another thread is stopping and has not finished in our time
@@ -446,7 +434,7 @@ class Consumer:
             if self._pull:
                 self._requeue_unstarted()  # not taken yet: back to nsqd at once
             busy = any(b for i, b in enumerate(self._busy) if i != own)
-            if not busy and not self._work and self._unanswered(own) == 0:
+            if not busy and not self._intake.work and self._unanswered(own) == 0:
                 break
             self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
         forced = self._force_stop.is_set()
@@ -454,9 +442,7 @@ class Consumer:
             self._requeue_running(own)
         self._requeue_unstarted()
         self._responder.requeue_held()
-        with self._work_cond:
-            self._workers_exit = True
-            self._work_cond.notify_all()
+        self._intake.close()
         for t in self._workers:
             if t is current:
                 continue
@@ -493,15 +479,11 @@ class Consumer:
         self._idle.clear()
 
     def _requeue_unstarted(self) -> None:
-        while True:
-            with self._work_cond:
-                try:
-                    message = self._work.popleft()
-                except IndexError:
-                    return
-                message._conn.queued -= 1  # type: ignore[union-attr]
-            if not message.has_responded():
-                message.requeue(delay=0, backoff=False)
+        while (item := self._intake.pop()) is not None:
+            if type(item) is MessageBatch:
+                self._responder.answer_batches([item], "requeue", 0.0, False)
+            elif not item.has_responded():
+                item.requeue(delay=0, backoff=False)
 
     @property
     def is_running(self) -> bool:
@@ -580,19 +562,9 @@ class Consumer:
         """Per connection, a snapshot of its flow-control counts (read-only): the RDY last
         sent, nsqd's ``max_rdy_count``, the messages in flight (received, not answered) and,
         of those, the ones still queued (waiting for a handler worker, or in pull mode for
-        :meth:`take`)."""
+        :meth:`take`), and nsqd's ``msg_timeout`` (seconds)."""
         with self._lock:
-            return [
-                ConnectionCounts(
-                    key,
-                    i.conn.address,
-                    i.conn.rdy,
-                    i.conn.max_rdy_count,
-                    i.conn.in_flight,
-                    i.conn.queued,
-                )
-                for key, i in self._conns.items()
-            ]
+            return connection_counts(self._conns)
 
     def is_saturated(self) -> bool:
         """True when nsqd will send nothing more until something is answered: every
@@ -631,28 +603,8 @@ class Consumer:
         Raises:
             RuntimeError: the Consumer has a handler.
         """
-        if not self._pull:
-            raise RuntimeError("take() is for a Consumer made without a handler (handler=None)")
-        if max_messages is not None:
-            check_int(max_messages, "max_messages", "messages", min=1)
-        check_float(timeout, "timeout", "seconds", min=0)
-        work = self._work
-        deadline = time.monotonic() + timeout
-        with self._work_cond:
-            while not work and not self._stopping.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._idle_workers += 1  # the reader threads wake a waiting taker
-                try:
-                    self._work_cond.wait(remaining)
-                finally:
-                    self._idle_workers -= 1
-            stopping = self._stopping.is_set()
-            batch = [] if stopping or not work else self._take_work(max_messages)
+        batch = self._take_items(max_messages, timeout, columnar=False)
         if not batch:
-            if stopping:  # nothing more is handed out: wait for the stop, not a busy loop
-                self._stopped.wait(max(deadline - time.monotonic(), 0.0))
             return []
         for message in batch:
             message._async = True  # the taker answers: nothing answers for it
@@ -664,18 +616,46 @@ class Consumer:
             tell(observers, "messages_taken", self, kept)
         return kept
 
-    def _take_work(self, max_messages: int | None) -> list[Message]:
-        """The oldest messages of the work queue, at most ``max_messages`` (``_work_cond``
-        held)."""
-        work = self._work
-        if max_messages is None or max_messages >= len(work):
-            batch = list(work)
-            work.clear()
-        else:
-            batch = [work.popleft() for _ in range(max_messages)]
-        for conn, run in itertools.groupby(batch, _conn_of):
-            conn.queued -= sum(1 for _ in run)
-        return batch
+    def take_batches(
+        self, max_messages: int | None = None, timeout: float = 0.0
+    ) -> list[MessageBatch]:
+        """Columnar pull mode (``columnar=True``): what :meth:`take` does, but the messages
+        come as :class:`~nsqclient.batch.MessageBatch` objects (one per socket read and
+        connection, oldest first; the last one split to stay within ``max_messages``), with
+        no Python object per message.  Answer each batch (``batch.finish()``, ...), or many at
+        once with :meth:`finish_batches` / :meth:`requeue_batches`; :meth:`touch_batches`
+        restarts nsqd's timeout.  A batch may be cut in two (``batch.split(i)``), each part
+        then answered on its own.
+
+        Raises:
+            RuntimeError: the Consumer was not made with ``columnar=True``.
+        """
+        batches = self._take_items(max_messages, timeout, columnar=True)
+        if not batches:
+            return []
+        batches = self._handling.prepare_batches(batches, self._responder)
+        with self._lock:
+            self._responder.held_batches.update(batches)
+        observers = self._observers.active
+        if observers and batches:
+            tell(observers, "batches_taken", self, batches)
+        return batches
+
+    def _take_items(self, max_messages: int | None, timeout: float, columnar: bool) -> list[Any]:
+        if not self._pull:
+            raise RuntimeError("take() is for a Consumer made without a handler (handler=None)")
+        if self._columnar != columnar:
+            use = "take_batches()" if self._columnar else "take()"
+            raise RuntimeError(f"this Consumer was made with columnar={self._columnar}: use {use}")
+        if max_messages is not None:
+            check_int(max_messages, "max_messages", "messages", min=1)
+        check_float(timeout, "timeout", "seconds", min=0)
+        deadline = time.monotonic() + timeout
+        items = self._intake.take(max_messages, timeout, self._stopping)
+        if not items and self._stopping.is_set():
+            # nothing more is handed out: wait for the stop, not a busy loop
+            self._stopped.wait(max(deadline - time.monotonic(), 0.0))
+        return items
 
     def finish_many(self, messages: Iterable[Message]) -> int:
         """FIN ``messages`` (received by this Consumer), one write per connection; return how
@@ -699,6 +679,26 @@ class Consumer:
             check_float(delay, "delay", "seconds", min=0)
         return self._responder.requeue_many(messages, delay, backoff)
 
+    def finish_batches(self, batches: Iterable[MessageBatch]) -> int:
+        """FIN every message of ``batches`` (taken with :meth:`take_batches`), one write per
+        connection; return how many.  Skips and errors as :meth:`finish_many` (a batch
+        answered or split already is skipped)."""
+        return self._responder.answer_batches(list(batches), "finish", None, False)
+
+    def requeue_batches(
+        self, batches: Iterable[MessageBatch], delay: float | None = None, backoff: bool = True
+    ) -> int:
+        """REQ every message of ``batches``, one write per connection; ``delay`` and
+        ``backoff`` as :meth:`requeue_many`; return how many."""
+        if delay is not None:
+            check_float(delay, "delay", "seconds", min=0)
+        return self._responder.answer_batches(list(batches), "requeue", delay, backoff)
+
+    def touch_batches(self, batches: Iterable[MessageBatch]) -> int:
+        """TOUCH every message of ``batches`` not answered yet (nsqd restarts their
+        msg_timeout), one write per connection; return how many."""
+        return self._responder.answer_batches(list(batches), "touch", None, False)
+
     # ================================================================ connection delegate
     # (via _Delegate; these run on a connection's reader thread: quick, never user code)
 
@@ -708,29 +708,27 @@ class Consumer:
         received = Message._received
         responder = self._responder
         messages = [received(d, responder, conn, now) for d in decoded]
-        n = len(messages)
-        with self._lock:
-            self._stats["received"] += n
-            conn.in_flight += n
-            info = self._conns.get(conn.key)
-            if info is not None and info.conn is conn:
-                info.remaining -= n
-                mode = BackoffMode.NORMAL if self._backoff.level == 0 else self._backoff.mode(now)
-                if mode is BackoffMode.TESTING:
-                    # One message per test window: take the RDY back until its result is in.
-                    send_rdy(info, 0)
-                elif mode is BackoffMode.NORMAL and needs_refill(info.remaining, conn.rdy):
-                    send_rdy(info, conn.rdy)
-                if info.first_message:
-                    info.first_message = False
-                    self._rdy_wake.set()
-            # Under both locks, so that is_starved() never counts these as held by handlers
-            # (lock order: _lock, then _work_cond; workers take _work_cond alone).
-            with self._work_cond:
-                conn.queued += n
-                self._work.extend(messages)
-                if self._idle_workers:
-                    self._work_cond.notify(min(n, self._idle_workers))
+        self._intake.put(conn, messages, len(messages), now)
+
+    def _on_message_run(self, conn: Connection, run: protocol.MessageRun) -> None:
+        """Columnar: the messages of one socket read, as one batch."""
+        now = conn.last_message_at
+        batch = MessageBatch(
+            run.buffer,
+            run.starts,
+            run.ends,
+            key=conn.key,
+            nsqd_address=conn.address,
+            partition=conn.partition,
+            youzan=self.config.youzan,
+            extended=conn.extended,
+            ordered=conn.ordered,
+            received_at=now,
+            responder=self._responder,
+            conn=conn,
+            consumer=self,
+        )
+        self._intake.put(conn, [batch], len(run.starts), now)
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:
         if not self._responder.answer_failed(conn, error):
@@ -750,20 +748,21 @@ class Consumer:
     def _work_loop(self, index: int) -> None:
         busy = self._busy
         current = self._current
-        work = self._work
-        cond = self._work_cond
+        intake = self._intake
+        work = intake.work
+        cond = intake.cond
         while True:
             with cond:
                 while not work:
-                    if self._workers_exit:
+                    if intake.exit:
                         return
-                    self._idle_workers += 1
+                    intake.waiting += 1
                     try:
                         cond.wait()
                     finally:
-                        self._idle_workers -= 1
+                        intake.waiting -= 1
                 message = work.popleft()
-                message._conn.queued -= 1  # type: ignore[union-attr]
+                message._conn.queued -= 1
             busy[index] = True
             current[index] = message
             try:

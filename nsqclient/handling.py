@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .batch import MessageBatch
 from .discovery import run_hook
 from .message import Message, RequeueMessage
 from .observe import ObserverSet, tell
@@ -146,6 +147,40 @@ class Handling:
                 kept.append(message)
         return kept
 
+    def prepare_batches(self, batches: list[MessageBatch], responder: Any) -> list[MessageBatch]:
+        """:meth:`prepare` for a columnar taker's batches: a Message object is made only for
+        what is switched on (the trace log, the ordered-offset check) and for a message given
+        up on, which is answered here and taken out of its batch (an emptied batch is left
+        out)."""
+        tracing, ordered, max_tries = self.tracing, self.ordered, self.max_tries
+        if not (tracing or ordered or max_tries):
+            return batches
+        kept = []
+        for batch in batches:
+            messages: list[Message] | None = None
+            if tracing or ordered:
+                messages = messages_of(batch, responder)
+                for message in messages:
+                    if tracing:
+                        self._trace(message)
+                    if ordered:
+                        self.check_offset(message)
+            if ordered or not max_tries:
+                kept.append(batch)  # ordered: never given up on
+                continue
+            attempts = batch.attempts()
+            if max(attempts, default=0) <= max_tries:
+                kept.append(batch)
+                continue
+            over = {i for i, a in enumerate(attempts) if a > max_tries}
+            messages = messages or messages_of(batch, responder)
+            rest = batch.without(over)
+            for i in sorted(over):
+                self._give_up(messages[i])
+            if len(rest):
+                kept.append(rest)
+        return kept
+
     def _trace(self, message: Message) -> None:
         trace_logger.info(
             "received topic=%s partition=%s nsqd=%s message_id=%s trace_id=%s offset=%s"
@@ -198,3 +233,9 @@ class Handling:
             last,
         )
         run_hook(self._consumer.on_out_of_order, message, last)
+
+
+def messages_of(batch: MessageBatch, responder: Any) -> list[Message]:
+    """A Message object for each message of ``batch``, answerable one by one."""
+    received = Message._received
+    return [received(d, responder, batch.conn, batch.received_at) for d in batch.decoded()]

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .batch import MessageBatch
     from .message import Message
 
 __all__ = [
@@ -179,6 +180,21 @@ class Observer:
         """``action`` (``"finish"``, ``"requeue"`` or ``"touch"``) was sent for ``messages``
         (one, or a batch answered at once), on the thread that answered.  ``delay``: the
         requeue delay in seconds; ``backoff``: whether the requeue counts as a failure."""
+
+    def batches_taken(self, consumer: Any, batches: Sequence[MessageBatch]) -> None:
+        """Columnar pull mode: ``batches`` (:class:`~nsqclient.batch.MessageBatch`, each
+        ``len()`` messages) were taken (``consumer.take_batches()``), on the taking thread."""
+
+    def batches_answered(
+        self,
+        consumer: Any,
+        batches: Sequence[MessageBatch],
+        action: str,
+        delay: float | None,
+        backoff: bool | None,
+    ) -> None:
+        """:meth:`messages_answered` for every message of ``batches`` at once (columnar pull
+        mode; a requeue with ``delay`` None used each message's default delay)."""
 
 
 # ------------------------------------------------------------------------------------------------

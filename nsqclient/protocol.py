@@ -28,10 +28,12 @@ __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "LOOKUPD_BAD_PROTOCOL",
     "Frame",
+    "MessageRun",
     "FrameReader",
     "DecodedMessage",
     "TraceReply",
     "decode_message",
+    "decode_message_at",
     "decode_trace_reply",
     "encode_frame",
     "encode_message",
@@ -403,6 +405,17 @@ class Frame(NamedTuple):
     data: bytes
 
 
+class MessageRun(NamedTuple):
+    """Consecutive message frames of one read: message ``i``'s frame data (``[8B
+    timestamp][2B attempts][16B id]...``, after the frame type) is
+    ``buffer[starts[i]:ends[i]]``; the frames are adjacent (``starts[i + 1] == ends[i] +
+    8``)."""
+
+    buffer: bytes
+    starts: list[int]
+    ends: list[int]
+
+
 def encode_frame(frame_type: int, data: bytes) -> bytes:
     """``[4B size][4B type][data]``, size counting the type and the data."""
     return _U32.pack(len(data) + 4) + _I32.pack(frame_type) + data
@@ -469,6 +482,22 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[Frame]:
         """Add bytes; return every frame they complete, in order."""
+        frames: list[Frame] = []
+        for item in self.feed_runs(data):
+            if type(item) is MessageRun:
+                buf = item.buffer
+                frames += [
+                    _tuple_new(Frame, (FRAME_TYPE_MESSAGE, buf[start:end]))
+                    for start, end in zip(item.starts, item.ends, strict=True)
+                ]
+            else:
+                frames.append(item)  # type: ignore[arg-type]
+        return frames
+
+    def feed_runs(self, data: bytes) -> list[Frame | MessageRun]:
+        """Add bytes; return what they complete, in order: each run of consecutive message
+        frames as one :class:`MessageRun` (offsets into the bytes read, no copy per message),
+        every other frame as a :class:`Frame`."""
         if self._error is not None:
             raise self._error
         if self._buf:
@@ -478,8 +507,9 @@ class FrameReader:
             buf = bytes(self._buf)
         else:
             buf = data
-        frames: list[Frame] = []
-        append = frames.append
+        out: list[Frame | MessageRun] = []
+        starts: list[int] = []
+        ends: list[int] = []
         head = _FRAME_HEAD.unpack_from
         pos = 0
         end = len(buf)
@@ -496,17 +526,27 @@ class FrameReader:
                     self._check_size(buf, pos, size)
                 if left - 4 < size:
                     break
+                if frame_type == FRAME_TYPE_MESSAGE:
+                    starts.append(pos + 8)
+                    pos += 4 + size
+                    ends.append(pos)
+                    continue
                 if frame_type not in _FRAME_TYPES:
                     body = buf[pos + 4 : pos + 4 + size]
                     if _looks_like_text(body):  # a size-prefixed text reply: not NSQ's V2
                         raise self._not_nsqd(body)
                     raise ProtocolError(f"unknown frame type {frame_type}")
-                append(_tuple_new(Frame, (frame_type, buf[pos + 8 : pos + 4 + size])))
+                if starts:
+                    out.append(_tuple_new(MessageRun, (buf, starts, ends)))
+                    starts, ends = [], []
+                out.append(_tuple_new(Frame, (frame_type, buf[pos + 8 : pos + 4 + size])))
                 pos += 4 + size
         except ProtocolError as exc:
             self._error = exc
             self._buf = bytearray()
             raise
+        if starts:
+            out.append(_tuple_new(MessageRun, (buf, starts, ends)))
         rest = end - pos
         if rest:
             self._buf = bytearray(buf[pos:])
@@ -515,7 +555,7 @@ class FrameReader:
             )  # bytes the next frame needs in all
         elif self._buf:
             self._buf = bytearray()
-        return frames
+        return out
 
     def _check_size(self, buf: bytes, pos: int, size: int) -> None:
         """ProtocolError for a frame size nsqd never sends (text where a size belongs: not an
@@ -624,6 +664,25 @@ def decode_message(
         raw_size,
         ext_version,
         ext,
+    )
+
+
+def decode_message_at(
+    buf: bytes,
+    start: int,
+    end: int,
+    youzan: bool = False,
+    extended: bool = False,
+    ordered: bool = False,
+) -> DecodedMessage:
+    """:func:`decode_message` of ``buf[start:end]`` (a :class:`MessageRun`'s frame), without
+    copying the frame first on classic NSQ."""
+    if youzan or extended or ordered or end - start < _MSG_HEADER_SIZE:
+        return decode_message(buf[start:end], youzan=youzan, extended=extended, ordered=ordered)
+    timestamp, attempts, message_id = _MSG_HEADER.unpack_from(buf, start)
+    return _tuple_new(
+        DecodedMessage,
+        (timestamp, attempts, message_id, buf[start + _MSG_HEADER_SIZE : end], *_NO_YOUZAN_FIELDS),
     )
 
 

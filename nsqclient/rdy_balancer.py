@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 from . import protocol
 from .backoff import BackoffMode, BackoffState
@@ -20,7 +21,14 @@ from .conn import Connection
 from .errors import NSQError
 from .rdy import ConnView, rdy_targets
 
-__all__ = ["ConnInfo", "RdyBalancer", "conn_views", "send_rdy"]
+__all__ = [
+    "ConnInfo",
+    "ConnectionCounts",
+    "RdyBalancer",
+    "conn_views",
+    "connection_counts",
+    "send_rdy",
+]
 
 logger = logging.getLogger("nsqclient.consumer")
 
@@ -74,6 +82,42 @@ def conn_views(conns: dict[str, ConnInfo]) -> list[ConnView]:
             waiting_since=i.waiting_since,
         )
         for a, i in conns.items()
+    ]
+
+
+class ConnectionCounts(NamedTuple):
+    """One connection's flow-control counts (see :meth:`Consumer.connection_counts
+    <nsqclient.consumer.Consumer.connection_counts>`)."""
+
+    #: the Consumer's name for the connection: ``host:port``, plus ``#partition`` on youzan
+    key: str
+    #: ``host:port``
+    address: str
+    #: the RDY last sent
+    rdy: int
+    #: nsqd's limit on one connection's RDY (from IDENTIFY)
+    max_rdy_count: int
+    #: messages received and not answered yet
+    in_flight: int
+    #: of those, messages waiting for a handler worker, or for take() (pull mode)
+    queued: int
+    #: nsqd's msg_timeout for this connection, seconds (from IDENTIFY)
+    msg_timeout: float = 60.0
+
+
+def connection_counts(conns: dict[str, ConnInfo]) -> list[ConnectionCounts]:
+    """A snapshot of each connection's counts (the caller holds the Consumer's lock)."""
+    return [
+        ConnectionCounts(
+            key,
+            info.conn.address,
+            info.conn.rdy,
+            info.conn.max_rdy_count,
+            info.conn.in_flight,
+            info.conn.queued,
+            float(info.conn.msg_timeout),
+        )
+        for key, info in conns.items()
     ]
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from typing import Any
 
 from . import protocol
 from .backoff import BackoffState
+from .batch import ANSWERED, HELD, MessageBatch
 from .config import Config
 from .conn import Connection
 from .errors import NSQError, ServerError
@@ -76,6 +77,8 @@ class Responder:
         self._idle = idle
         #: pull mode: messages taken and not answered yet (stop() requeues what is left)
         self.held: set[Message] = set()
+        #: columnar pull mode: the batches taken and not answered yet
+        self.held_batches: set[MessageBatch] = set()
         #: set by the Consumer's stop(): answers then wake its drain (pull mode)
         self.stopping = False
 
@@ -114,11 +117,14 @@ class Responder:
 
     def requeue_delay(self, message: Message, delay: float | None) -> float:
         """Seconds a requeue of ``message`` asks nsqd for (ordered: 0, nothing may pass it)."""
+        return self._delay(message.attempts, delay)
+
+    def _delay(self, attempts: int, delay: float | None) -> float:
         if self._ordered:
             return 0.0
         if delay is None:
             cfg = self._config
-            return min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+            return min(cfg.default_requeue_delay * attempts, cfg.max_requeue_delay)
         return delay
 
     def requeue_message(self, message: Message, delay: float | None, backoff: bool) -> None:
@@ -210,22 +216,26 @@ class Responder:
 
     def _answered_many(
         self,
-        groups: dict[Connection, list[Message]],
+        groups: dict[Connection, list[Any]],
         action: str,
         delay: float | None,
         backoff: bool | None,
+        batches: bool = False,
     ) -> int:
-        """:meth:`_answered` for the messages of a bulk FIN or REQ, in one lock round."""
-        count = sum(len(group) for group in groups.values())
+        """:meth:`_answered` for the messages (``batches``: the MessageBatch objects) of a
+        bulk FIN or REQ, in one lock round."""
+        sizes = {c: sum(map(len, g)) if batches else len(g) for c, g in groups.items()}
+        count = sum(sizes.values())
         if not count:
             return 0
         success = True if action == "finish" else (False if backoff else None)
+        held = self.held_batches if batches else self.held
         with self._lock:
             self._stats["finished" if action == "finish" else "requeued"] += count
             for conn, group in groups.items():
-                conn.in_flight = max(conn.in_flight - len(group), 0)
+                conn.in_flight = max(conn.in_flight - sizes[conn], 0)
                 if self._pull:
-                    self.held.difference_update(group)
+                    held.difference_update(group)
             if self._pull and self.stopping:
                 self._idle.set()
             if success is not None and (self._backoff.level or not success):
@@ -239,24 +249,93 @@ class Responder:
         observers = self._observers.active
         if observers:
             answered = [m for group in groups.values() for m in group]
-            tell(observers, "messages_answered", self._consumer, answered, action, delay, backoff)
+            event = "batches_answered" if batches else "messages_answered"
+            tell(observers, event, self._consumer, answered, action, delay, backoff)
         return count
+
+    # ================================================================ batches (columnar)
+
+    def answer_batches(
+        self, batches: list[MessageBatch], action: str, delay: float | None, backoff: bool
+    ) -> int:
+        """FIN, REQ or TOUCH (``action``: ``"finish"``, ``"requeue"``, ``"touch"``) every
+        message of ``batches``, one write per connection; a batch answered or split already
+        is skipped (with a warning).  Return how many messages."""
+        for batch in batches:
+            if batch._responder is not self:
+                raise ValueError(f"{batch!r} was not received by {self._consumer!r}")
+        groups: dict[Connection, list[MessageBatch]] = {}
+        skipped = 0
+        with self._lock:
+            for batch in batches:
+                if batch.state != HELD:
+                    skipped += 1
+                    continue
+                if action != "touch":
+                    batch.state = ANSWERED
+                groups.setdefault(batch.conn, []).append(batch)
+        if skipped:
+            logger.warning("%d message batches were answered or split already: skipped", skipped)
+        for conn, group in groups.items():
+            ids = [i for batch in group for i in batch.ids()]
+            if action == "requeue":
+                attempts = [a for batch in group for a in batch.attempts()]
+                data = b"".join(
+                    [
+                        protocol.req(i, int(round(self._delay(a, delay) * 1000)))
+                        for i, a in zip(ids, attempts, strict=True)
+                    ]
+                )
+            else:
+                verb = b"FIN " if action == "finish" else b"TOUCH "
+                data = verb + (b"\n" + verb).join(ids) + b"\n"
+            _send(conn, data, verb_of(action), ids)
+        if action != "touch":
+            return self._answered_many(groups, action, delay, backoff, batches=True)
+        now = time.monotonic()
+        for group in groups.values():
+            for batch in group:
+                batch.touched_at = now
+        observers = self._observers.active
+        answered = [b for group in groups.values() for b in group]
+        if observers and answered:
+            tell(observers, "batches_answered", self._consumer, answered, "touch", None, None)
+        return sum(map(len, answered))
+
+    def split_batch(self, batch: MessageBatch, index: int) -> tuple[MessageBatch, MessageBatch]:
+        """``batch.split(index)``: the two parts replace it among the batches held."""
+        with self._lock:
+            head, tail = batch.cut(index)
+            if batch in self.held_batches:
+                self.held_batches.discard(batch)
+                self.held_batches.update((head, tail))
+        return head, tail
 
     def requeue_held(self) -> None:
         """Pull mode, at the end of stop(): requeue what was taken and is still unanswered."""
         with self._lock:
             held = [m for m in self.held if not m.has_responded()]
-        if held:
+            batches = [b for b in self.held_batches if not b.has_responded()]
+        count = len(held) + sum(map(len, batches))
+        if count:
             logger.warning(
                 "%s/%s: %d messages taken were not answered by stop()'s deadline; requeueing them",
                 self._consumer.topic,
                 self._consumer.channel,
-                len(held),
+                count,
             )
+        if held:
             self.requeue_many(held, delay=0, backoff=False)
+        if batches:
+            self.answer_batches(batches, "requeue", 0.0, False)
 
 
-def _send(conn: Connection, data: bytes, verb: str, group: list[Message]) -> None:
+def verb_of(action: str) -> str:
+    """The command an answer sends: ``"finish"`` -> ``"FIN"``, ..."""
+    return {"finish": "FIN", "requeue": "REQ", "touch": "TOUCH"}[action]
+
+
+def _send(conn: Connection, data: bytes, verb: str, group: Sized) -> None:
     """Write the answers to ``group`` in one go; when the connection is closed, nsqd sends
     those messages again (nothing else to do)."""
     try:

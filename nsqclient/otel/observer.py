@@ -36,6 +36,8 @@ class TelemetryObserver:
         self.message_given_up = consume.message_given_up
         self.messages_answered = consume.messages_answered
         self.messages_taken = consume.messages_taken
+        self.batches_taken = consume.batches_taken
+        self.batches_answered = consume.batches_answered
         self.connection_made = watched.connection_made
 
     # -- both

@@ -39,6 +39,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.metrics import Histogram
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
+from ..batch import MessageBatch
 from ..consumer import Consumer
 from ..message import Message, RequeueMessage
 from . import names as n
@@ -120,9 +121,9 @@ class ConsumeTelemetry:
         self._held: dict[Message, tuple[SpanContext, dict[str, Any], int]] = {}
         #: pull mode, per Consumer: the messages taken and not answered yet, and the context
         #: of the receive span each came in
-        self._taken: weakref.WeakKeyDictionary[Consumer, dict[Message, SpanContext]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._taken: weakref.WeakKeyDictionary[
+            Consumer, dict[Message | MessageBatch, SpanContext]
+        ] = weakref.WeakKeyDictionary()
         #: (topic, channel, nsqd, partition) -> (span name, metric attributes, span attributes)
         self._process_attributes: dict[tuple[Any, ...], tuple[str, dict, dict]] = {}
 
@@ -208,6 +209,34 @@ class ConsumeTelemetry:
     # ------------------------------------------------------------------ pull mode
 
     def messages_taken(self, consumer: Consumer, messages: Sequence[Message]) -> None:
+        self._taken_items(consumer, messages, Counter(map(_origin, messages)), messages)
+
+    def batches_taken(self, consumer: Consumer, batches: Sequence[MessageBatch]) -> None:
+        # A batch's messages are not decoded for their youzan headers: no links to publishers.
+        origins: Counter[tuple[str, int | None]] = Counter()
+        for batch in batches:
+            origins[batch.nsqd_address, batch.partition] += len(batch)
+        self._taken_items(consumer, batches, origins, ())
+
+    def batches_answered(
+        self,
+        consumer: Consumer,
+        batches: Sequence[MessageBatch],
+        action: str,
+        delay: float | None,
+        backoff: bool | None,
+    ) -> None:
+        self._settle(consumer, batches, action, delay, backoff, sum(map(len, batches)))
+
+    def _taken_items(
+        self,
+        consumer: Consumer,
+        items: Sequence[Message] | Sequence[MessageBatch],
+        origins: Counter[tuple[str, int | None]],
+        linked: Sequence[Message],
+    ) -> None:
+        """One receive span for a take (of messages, or of batches), and the count of what
+        was taken per nsqd and partition."""
         self._end_give_up()
         topic = consumer.topic
         base = {
@@ -222,12 +251,12 @@ class ConsumeTelemetry:
             attributes={
                 **base,
                 n.OPERATION_TYPE: "receive",
-                n.BATCH_COUNT: len(messages),
+                n.BATCH_COUNT: sum(origins.values()),
             },
         )
         if span.is_recording() and self.extract:
             seen: set[tuple[int, int]] = set()
-            for message in messages:
+            for message in linked:
                 if message.ext:
                     context = self._creation_context(message)
                     if context is not None and (context.trace_id, context.span_id) not in seen:
@@ -239,10 +268,10 @@ class ConsumeTelemetry:
             taken = self._taken.get(consumer)
             if taken is None:
                 taken = self._taken[consumer] = {}
-            taken.update(dict.fromkeys(messages, received))
+            taken.update(dict.fromkeys(items, received))
             _bound(taken)
         add = self.consumed.add
-        for (address, partition), count in Counter(map(_origin, messages)).items():
+        for (address, partition), count in origins.items():
             attributes = dict(base)
             n.add_server(attributes, address)
             if partition is not None:
@@ -252,13 +281,14 @@ class ConsumeTelemetry:
     def _settle(
         self,
         consumer: Consumer,
-        messages: Sequence[Message],
+        messages: Sequence[Any],
         action: str,
         delay: float | None,
         backoff: bool | None,
+        count: int | None = None,
     ) -> None:
         """Pull mode: one span for one answer call, linked to the receive spans of its
-        messages."""
+        messages (or batches: ``count`` messages in all)."""
         with self._lock:
             taken = self._taken.get(consumer)
             if taken is None:
@@ -280,11 +310,11 @@ class ConsumeTelemetry:
             f"{action} {consumer.topic}", kind=SpanKind.CLIENT, attributes=attributes
         )
         if span.is_recording():
-            if len(messages) == 1:
+            if count is None and len(messages) == 1:
                 message = messages[0]
                 span.set_attribute(n.MESSAGE_ID, n.message_id(message.internal_id, message.id))
             else:
-                span.set_attribute(n.BATCH_COUNT, len(messages))
+                span.set_attribute(n.BATCH_COUNT, len(messages) if count is None else count)
             extra = _answer(action, delay, backoff)
             if extra:
                 span.set_attributes(extra)
@@ -491,7 +521,7 @@ def _mark_requeued(span: trace.Span) -> None:
     span.set_attribute(n.ERROR_TYPE, n.ERROR_REQUEUED)
 
 
-def _bound(pending: dict[Message, Any]) -> None:
+def _bound(pending: dict[Any, Any]) -> None:
     """Forget the oldest entries past MAX_PENDING (under the caller's lock)."""
     while len(pending) > MAX_PENDING:
         del pending[next(iter(pending))]
