@@ -12,10 +12,12 @@ finished, nothing in flight.
 The child's GC thresholds are raised as the source raises them in Spark's own process (``--gc
 default`` keeps CPython's). Per ``--max-in-flight`` value it prints rows/s (first
 ``latestOffset`` to the last batch), the child's CPU per message (all threads) and the mean
-time per batch of ``latestOffset`` and of ``partitions`` + pickling.  ``--option KEY=VALUE``
-passes one more source option (``--option max_tries=5``: the source's default is 0).  With
-``--profile DIR`` the child runs under py-spy (``--gil``: the thread holding the GIL) when
-found, else cProfile in every thread; see bench/README.rst.
+time per batch of ``latestOffset`` and of ``partitions`` + pickling.  The executors' share
+is measured after that, apart: the CPU of unpickling the partitions and building their Arrow
+rows (``read()``), per message, over the first ``--executor-sample`` messages shipped.
+``--option KEY=VALUE`` passes one more source option (``--option max_tries=5``: the source's
+default is 0).  With ``--profile DIR`` the child runs under py-spy (``--gil``: the thread
+holding the GIL) when found, else cProfile in every thread; see bench/README.rst.
 
     NSQ_BIN_DIR=/opt/nsq-bin .venv/bin/python bench/spark_reader.py -n 500000
     PY_SPY=/tmp/py-spy/bin/py-spy NSQ_BIN_DIR=/opt/nsq-bin \\
@@ -58,6 +60,8 @@ def child(spec: dict[str, Any]) -> None:
     start = reader.initialOffset()
     rows = batches = 0
     cut = ship = 0.0
+    sample: list[bytes] = []  # the first partitions shipped: the executors' share, after
+    sampled = 0
     with common.maybe_profile(spec):
         began = time.monotonic()
         cpu = common.cpu_seconds()
@@ -70,7 +74,10 @@ def child(spec: dict[str, Any]) -> None:
             parts = reader.partitions(start, end)
             shipped = [pickle.dumps(p) for p in parts]
             t2 = time.perf_counter()
-            rows += sum(p.batch.num_rows for p in parts)
+            rows += sum(p.count for p in parts)
+            if sampled < spec["executor_sample"]:
+                sample += shipped
+                sampled += sum(p.count for p in parts)
             batches += 1
             cut += t1 - t0
             ship += t2 - t1
@@ -80,10 +87,18 @@ def child(spec: dict[str, Any]) -> None:
         elapsed = time.monotonic() - began
         cpu = common.cpu_seconds() - cpu
     reader.stop()
+    for table in reader.read(pickle.loads(sample.pop(0))):  # imports, as a reused worker has
+        sampled -= table.num_rows
+    executor_cpu = common.cpu_seconds()
+    for data in sample:  # what each executor's read() does with its partition
+        for table in reader.read(pickle.loads(data)):
+            del table
+    executor_cpu = common.cpu_seconds() - executor_cpu
     common.emit_result(
         {
             "rate": rows / elapsed,
             "cpu_us": 1e6 * cpu / rows,
+            "executor_us": 1e6 * executor_cpu / max(sampled, 1),
             "batches": batches,
             "latest_ms": 1000 * cut / batches,
             "partitions_ms": 1000 * ship / batches,
@@ -101,6 +116,13 @@ def main(argv: list[str]) -> int:
         help="the source's max_in_flight values to run, comma-separated (default 2500,50000)",
     )
     parser.add_argument("--partitions", type=int, default=2, help="numPartitions (default 2)")
+    parser.add_argument(
+        "--executor-sample",
+        type=int,
+        default=100_000,
+        help="messages whose partitions are read (decoded into Arrow rows) after the run to "
+        "measure the executors' share (default 100,000)",
+    )
     parser.add_argument(
         "--gc",
         default="relaxed",
@@ -149,6 +171,7 @@ def main(argv: list[str]) -> int:
                 "messages": n,
                 "max_in_flight": value,
                 "partitions": args.partitions,
+                "executor_sample": args.executor_sample,
                 "options": options,
                 **common.profile_spec(args, "nsqclient"),
             }
@@ -162,7 +185,8 @@ def main(argv: list[str]) -> int:
                     f"{value:,}",
                     gc_mode,
                     common.fmt_rate(r["rate"]),
-                    f"{r['cpu_us']:.1f}",
+                    f"{r['cpu_us']:.2f}",
+                    f"{r['executor_us']:.2f}",
                     str(r["batches"]),
                     f"{r['latest_ms']:.0f}",
                     f"{r['partitions_ms']:.0f}",
@@ -175,6 +199,7 @@ def main(argv: list[str]) -> int:
             "GC",
             "rows/s",
             "CPU us/msg",
+            "executors' us/msg",
             "batches",
             "latestOffset ms",
             "partitions+pickle ms",

@@ -24,11 +24,11 @@ is ``[8B internal id][8B trace id]``.
 from __future__ import annotations
 
 import struct
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .protocol import DecodedMessage, decode_message_at
 
-__all__ = ["MessageBatch", "BatchResponder", "HEADER_SIZE", "ID_OFFSET"]
+__all__ = ["MessageBatch", "Origin", "BatchResponder", "HEADER_SIZE", "ID_OFFSET"]
 
 #: bytes before the body of a classic message: timestamp, attempts, id
 HEADER_SIZE = 26
@@ -46,11 +46,35 @@ HELD, ANSWERED, SPLIT = 0, 1, 2
 class BatchResponder(Protocol):
     """What answers a batch's messages (a Consumer's responder)."""
 
+    consumer: Any
+
     def answer_batches(
         self, batches: list[MessageBatch], action: str, delay: float | None, backoff: bool
     ) -> int: ...
 
     def split_batch(self, batch: MessageBatch, index: int) -> tuple[MessageBatch, MessageBatch]: ...
+
+
+class Origin(NamedTuple):
+    """Where a batch's messages come from and how they are laid out (one per connection)."""
+
+    #: the connection's key (``host:port``, plus ``#partition`` on youzan)
+    key: str
+    #: the nsqd's ``host:port``
+    nsqd_address: str
+    #: youzan: the partition the connection consumes (None on classic NSQ)
+    partition: int | None = None
+    #: the ids are youzan's ``[8B internal id][8B trace id]``
+    youzan: bool = False
+    #: each message has youzan's ext header after its id
+    extended: bool = False
+    #: each message has youzan's disk queue offset and raw size before its body
+    ordered: bool = False
+
+    @classmethod
+    def of(cls, conn: Any, youzan: bool) -> Origin:
+        """The origin of what ``conn`` (a :class:`~nsqclient.conn.Connection`) reads."""
+        return cls(conn.key, conn.address, conn.partition, youzan, conn.extended, conn.ordered)
 
 
 class MessageBatch:
@@ -59,37 +83,31 @@ class MessageBatch:
     Attributes:
         buffer: the bytes read (shared by the batches cut from one read; never changed).
         starts, ends: message ``i`` is ``buffer[starts[i]:ends[i]]`` (see the module doc).
+        origin: an :class:`Origin`: where they come from and their layout; its fields are
+            also the batch's attributes (``key``, ``nsqd_address``, ``partition``,
+            ``youzan``, ``extended``, ``ordered``).
         contiguous: the messages are adjacent frames (``starts[i + 1] == ends[i] + 8``):
             true unless a message was taken out (one given up on at ``max_tries``).
-        key: the connection's key (``host:port``, plus ``#partition`` on youzan).
-        nsqd_address: the nsqd's ``host:port``.
-        partition: youzan: the partition the connection consumes (None on classic NSQ).
-        youzan: the ids are youzan's ``[8B internal id][8B trace id]``.
-        extended: each message has youzan's ext header after its id.
-        ordered: each message has youzan's disk queue offset and raw size before its body.
         received_at: ``time.monotonic()`` when it was read.
         touched_at: ``time.monotonic()`` of the last :meth:`touch` (None: never).
         consumer: the :class:`~nsqclient.consumer.Consumer` that received it (answer it
-            there, e.g. ``batch.consumer.finish_batches(...)``).
-        conn: the connection it came on.
+            there, e.g. ``batch.consumer.finish_batches(...)``); None for a batch made by hand.
+        conn: the connection it came on (None for a batch made by hand).
+
+    A batch made by hand (``MessageBatch(buffer, starts, ends, nsqd_address=..., youzan=...)``)
+    reads its fields like any other; only a Consumer's batches can be answered.
     """
 
     __slots__ = (
         "buffer",
         "starts",
         "ends",
+        "origin",
         "contiguous",
-        "key",
-        "nsqd_address",
-        "partition",
-        "youzan",
-        "extended",
-        "ordered",
         "received_at",
         "touched_at",
         "state",
         "conn",
-        "consumer",
         "_responder",
     )
 
@@ -98,40 +116,44 @@ class MessageBatch:
         buffer: bytes,
         starts: list[int],
         ends: list[int],
-        *,
-        key: str = "",
-        nsqd_address: str = "",
-        partition: int | None = None,
-        youzan: bool = False,
-        extended: bool = False,
-        ordered: bool = False,
+        origin: Origin | None = None,
         received_at: float = 0.0,
-        contiguous: bool = True,
         responder: BatchResponder | None = None,
         conn: Any = None,
-        consumer: Any = None,
+        *,
+        contiguous: bool = True,
+        **layout: Any,
     ):
         if len(starts) != len(ends):
             raise ValueError(f"{len(starts)} starts but {len(ends)} ends")
+        if origin is None:
+            layout.setdefault("nsqd_address", "")
+            origin = Origin(layout.pop("key", "") or layout["nsqd_address"], **layout)
+        elif layout:
+            raise TypeError(f"give the layout in origin or as keywords, not both: {layout}")
         self.buffer = buffer
         self.starts = starts
         self.ends = ends
+        self.origin = origin
         self.contiguous = contiguous
-        self.key = key or nsqd_address
-        self.nsqd_address = nsqd_address
-        self.partition = partition
-        self.youzan = youzan
-        self.extended = extended
-        self.ordered = ordered
         self.received_at = received_at
         self.touched_at: float | None = None
         #: HELD (to be answered), ANSWERED, or SPLIT (its parts are answered instead)
         self.state = HELD
-        #: the connection it came on (None for a batch made by hand)
         self.conn = conn
-        #: the Consumer that received it (None for a batch made by hand)
-        self.consumer = consumer
         self._responder = responder
+
+    key = property(lambda self: self.origin.key, doc="The connection's key.")
+    nsqd_address = property(lambda self: self.origin.nsqd_address, doc="The nsqd's host:port.")
+    partition = property(lambda self: self.origin.partition, doc="youzan: the partition.")
+    youzan = property(lambda self: self.origin.youzan, doc="youzan's raw ids.")
+    extended = property(lambda self: self.origin.extended, doc="youzan's ext headers.")
+    ordered = property(lambda self: self.origin.ordered, doc="youzan's ordered layout.")
+
+    @property
+    def consumer(self) -> Any:
+        """The Consumer that received the batch (None for a batch made by hand)."""
+        return None if self._responder is None else self._responder.consumer
 
     def __len__(self) -> int:
         return len(self.starts)

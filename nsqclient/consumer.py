@@ -35,7 +35,8 @@ from typing import Any
 from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
 from .backoff import BackoffState
-from .batch import MessageBatch
+from .batch import MessageBatch, Origin
+from .books import Books
 from .checks import check_float, check_int
 from .config import Config, check_owner
 from .conn import Connection
@@ -243,22 +244,14 @@ class Consumer:
             "touch_failed": 0,
         }
         # What the connections received, until a worker or a taker has it.
-        self._intake = Intake(
-            lock=self._lock,
-            conns=self._conns,
-            stats=self._stats,
-            backoff=self._backoff,
-            rdy_wake=self._rdy_wake,
-        )
+        books = Books(self._backoff, self._lock, self._conns, self._stats, self._rdy_wake)
+        self._intake = Intake(books)
         self._observers = ObserverSet(self)
         self._responder = Responder(
             self,
             self.config,
             self.ordered,
-            lock=self._lock,
-            stats=self._stats,
-            backoff=self._backoff,
-            rdy_wake=self._rdy_wake,
+            books,
             observers=self._observers,
             pull=self._pull,
             idle=self._idle,
@@ -713,21 +706,8 @@ class Consumer:
     def _on_message_run(self, conn: Connection, run: protocol.MessageRun) -> None:
         """Columnar: the messages of one socket read, as one batch."""
         now = conn.last_message_at
-        batch = MessageBatch(
-            run.buffer,
-            run.starts,
-            run.ends,
-            key=conn.key,
-            nsqd_address=conn.address,
-            partition=conn.partition,
-            youzan=self.config.youzan,
-            extended=conn.extended,
-            ordered=conn.ordered,
-            received_at=now,
-            responder=self._responder,
-            conn=conn,
-            consumer=self,
-        )
+        origin = Origin.of(conn, self.config.youzan)
+        batch = MessageBatch(run.buffer, run.starts, run.ends, origin, now, self._responder, conn)
         self._intake.put(conn, [batch], len(run.starts), now)
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:

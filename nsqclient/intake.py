@@ -15,11 +15,12 @@ import time
 from collections import deque
 from typing import Any
 
-from .backoff import BackoffMode, BackoffState
+from .backoff import BackoffMode
 from .batch import MessageBatch
+from .books import Books
 from .conn import Connection
 from .rdy import needs_refill
-from .rdy_balancer import ConnInfo, send_rdy
+from .rdy_balancer import send_rdy
 
 __all__ = ["Intake"]
 
@@ -28,28 +29,15 @@ class Intake:
     """The work queue of one Consumer.
 
     Args:
-        lock: the Consumer's lock (its counts, connections and backoff); taken before
-            :attr:`cond` when both are (workers take :attr:`cond` alone).
-        conns: the Consumer's connections by key.
-        stats: the Consumer's counters (``received``).
-        backoff: the Consumer's backoff state (a delivery in its test window takes RDY back).
-        rdy_wake: set when the first message of a connection arrives.
+        books: the Consumer's bookkeeping (its lock is taken before :attr:`cond` when both
+            are; workers take :attr:`cond` alone): ``received`` counts, each connection's
+            counts, RDY kept going (a delivery in backoff's test window takes RDY back, a
+            connection's first message wakes the RDY balancer).
     """
 
-    def __init__(
-        self,
-        *,
-        lock: threading.RLock,
-        conns: dict[str, ConnInfo],
-        stats: dict[str, int],
-        backoff: BackoffState,
-        rdy_wake: threading.Event,
-    ):
-        self._lock = lock
-        self._conns = conns
-        self._stats = stats
-        self._backoff = backoff
-        self._rdy_wake = rdy_wake
+    def __init__(self, books: Books):
+        self._lock, self._conns, self._stats = books.lock, books.conns, books.stats
+        self._backoff, self._rdy_wake = books.backoff, books.rdy_wake
         #: the items, oldest first
         self.work: deque[Any] = deque()
         self.cond = threading.Condition(threading.Lock())

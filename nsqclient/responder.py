@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sized
 from typing import Any
 
 from . import protocol
-from .backoff import BackoffState
 from .batch import ANSWERED, HELD, MessageBatch
+from .books import Books
 from .config import Config
 from .conn import Connection
 from .errors import NSQError, ServerError
@@ -42,10 +42,9 @@ class Responder:
     Args:
         consumer: the Consumer (named in errors, told to observers).
         config, ordered: the Consumer's (a requeue's default delay; ordered: no delay).
-        lock: the Consumer's lock, guarding ``stats``, ``backoff``, each connection's
-            in-flight count and :attr:`held`.
-        stats: the Consumer's counters.
-        backoff: the Consumer's backoff state; ``rdy_wake`` is set when an answer changes it.
+        books: the Consumer's bookkeeping: its lock (which also guards :attr:`held`), the
+            counters, each connection's in-flight count, the backoff state (``rdy_wake`` is
+            set when an answer changes it).
         observers: the Consumer's observers (``messages_answered``).
         pull: pull mode: messages taken are :attr:`held` until answered.
         idle: set when the last held message is answered while stopping (pull mode).
@@ -56,22 +55,19 @@ class Responder:
         consumer: Any,
         config: Config,
         ordered: bool,
+        books: Books,
         *,
-        lock: threading.RLock,
-        stats: dict[str, int],
-        backoff: BackoffState,
-        rdy_wake: threading.Event,
         observers: ObserverSet,
         pull: bool,
         idle: threading.Event,
     ):
         self._consumer = consumer
+        #: the Consumer (a batch's ``consumer``)
+        self.consumer = consumer
         self._config = config
         self._ordered = ordered
-        self._lock = lock
-        self._stats = stats
-        self._backoff = backoff
-        self._rdy_wake = rdy_wake
+        self._lock, self._stats = books.lock, books.stats
+        self._backoff, self._rdy_wake = books.backoff, books.rdy_wake
         self._observers = observers
         self._pull = pull
         self._idle = idle

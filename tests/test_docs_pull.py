@@ -39,3 +39,29 @@ def test_taking_messages_in_batches_writes_each_once_and_leaves_nothing_in_fligh
     assert max(len(b) for b in batches) <= 500
     stats = namespace["consumer"].stats()
     assert stats["finished"] == len(bodies) and stats["requeued"] >= 1
+
+
+def test_columnar_batches_program_writes_each_once(nsqd):
+    source = code_block("consumer.rst", "Columnar batches")
+    assert source.count('"127.0.0.1:4150"') == 1
+    source = source.replace('"127.0.0.1:4150"', repr(nsqd.nsqd.tcp_address))
+    source = source.replace("max_in_flight=5000,", "max_in_flight=5000, default_requeue_delay=0.1,")
+    written: list[bytes] = []
+    failed_once = threading.Event()
+    bodies = [b"click %d" % i for i in range(3000)]
+
+    def write_all(items: list[bytes]) -> None:
+        if not failed_once.is_set():
+            failed_once.set()  # the first write fails: requeued, written again later
+            raise OSError("the database is away")
+        written.extend(items)
+
+    namespace = {"__name__": "columnar_example", "write_all": write_all}
+    with Producer(nsqd.nsqd.tcp_address) as producer:
+        producer.mpub("clicks", bodies)
+    with program_running(source, "consumer.rst", namespace):
+        wait_for(lambda: len(written) >= len(bodies), 30, 0.02, lambda: f"{len(written)}")
+        wait_drained(nsqd, "clicks", "columns", 10)
+    assert sorted(written) == sorted(bodies)
+    stats = namespace["consumer"].stats()
+    assert stats["finished"] == len(bodies) and stats["requeued"] >= 1

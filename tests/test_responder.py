@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from nsqclient.backoff import BackoffState
+from nsqclient.books import Books
 from nsqclient.config import Config
 from nsqclient.errors import ConnectionClosedError, ServerError
 from nsqclient.message import Message
@@ -53,10 +54,7 @@ def make(pull: bool = False, ordered: bool = False, **options: Any) -> Responder
         subject,
         Config(**options),
         ordered,
-        lock=threading.RLock(),
-        stats=stats,
-        backoff=BackoffState(1.0, 10.0),
-        rdy_wake=threading.Event(),
+        Books(BackoffState(1.0, 10.0), stats=stats),
         observers=ObserverSet(subject),
         pull=pull,
         idle=threading.Event(),

@@ -44,6 +44,7 @@ from ..consumer import Consumer
 from ..message import Message, RequeueMessage
 from . import names as n
 from .gauges import Tally
+from .spans import SpanStarter
 
 __all__ = ["ConsumeTelemetry", "MAX_PENDING"]
 
@@ -108,8 +109,8 @@ class ConsumeTelemetry:
         #: record every FIN as an event on its process span (by default only a FIN that
         #: follows another event: a TOUCH, a give-up)
         self.finish_events = finish_events
-        #: did the last process span started record (see _start_process)
-        self._recorded = True
+        #: starts the process spans (their message attributes built only when recorded)
+        self._spans = SpanStarter(tracer)
         #: per thread: the process span of the handler it runs (``open``), and of a message
         #: given up on in take() (``give_up``)
         self._local = threading.local()
@@ -351,27 +352,9 @@ class ConsumeTelemetry:
                 self._process_attributes[key] = known
         name, attributes, span_attributes = known
         parent = self._parent(message) if message.ext else None
-        start_span = self.tracer.start_span
-        if self._recorded:
-            # The last span recorded: this one most likely will too, and the SDK takes its
-            # attributes cheapest at the start.
-            span = start_span(
-                name,
-                context=parent,
-                kind=SpanKind.CONSUMER,
-                attributes={**span_attributes, **_message_attributes(message)},
-            )
-            if not span.is_recording():
-                self._recorded = False
-        else:
-            # The last span did not record (sampled out): build the message's attributes only
-            # if this one does.
-            span = start_span(
-                name, context=parent, kind=SpanKind.CONSUMER, attributes=span_attributes
-            )
-            if span.is_recording():
-                span.set_attributes(_message_attributes(message))
-                self._recorded = True
+        span = self._spans.start(
+            name, SpanKind.CONSUMER, parent, span_attributes, _message_attributes, message
+        )
         self.consumed.add(1, attributes, interned=True)  # (a cached dict)
         return _Open(message, span, attributes, None)
 

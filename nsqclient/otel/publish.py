@@ -30,6 +30,7 @@ from ..observe import PublishEvent
 from ..producer import PublishResult
 from . import names as n
 from .gauges import Tally
+from .spans import SpanStarter
 
 __all__ = ["PublishTelemetry", "Finisher", "INJECT_MODES"]
 
@@ -61,8 +62,8 @@ class PublishTelemetry:
         self.duration = duration
         self.inject = inject
         self.finisher = Finisher()
-        #: did the last publish span started record (see publish_started)
-        self._recorded = True
+        #: starts the publish spans (the call's attributes built only when recorded)
+        self._spans = SpanStarter(tracer)
         #: (topic, nsqd, partition) -> the metric attributes known at the start
         self._attributes: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
 
@@ -138,34 +139,15 @@ class PublishTelemetry:
         start_time: int | None,
     ) -> trace.Span:
         """The publish span, with the call's attributes (built only when it records)."""
-        name = f"publish {event.topic}"
-        start_span = self.tracer.start_span
-        if self._recorded:
-            # The last span recorded: this one most likely will too, and the SDK takes its
-            # attributes cheapest at the start.
-            span = start_span(
-                name,
-                context=parent,
-                kind=SpanKind.PRODUCER,
-                attributes={**attributes, **_call_attributes(event)},
-                start_time=start_time,
-            )
-            if not span.is_recording():
-                self._recorded = False
-        else:
-            # The last one did not (sampled out): build the call's attributes only if this
-            # one records.
-            span = start_span(
-                name,
-                context=parent,
-                kind=SpanKind.PRODUCER,
-                attributes=attributes,
-                start_time=start_time,
-            )
-            if span.is_recording():
-                span.set_attributes(_call_attributes(event))
-                self._recorded = True
-        return span
+        return self._spans.start(
+            f"publish {event.topic}",
+            SpanKind.PRODUCER,
+            parent,
+            attributes,
+            _call_attributes,
+            event,
+            start_time,
+        )
 
     def _end(
         self,

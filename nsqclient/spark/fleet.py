@@ -9,20 +9,21 @@ Consumers on the same topic and channel (nsqd spreads a channel's messages over 
 connection subscribed to it), each with ``max_in_flight / k``, and adds Consumers when an nsqd
 announces a lower ``max_rdy_count`` than the 2500 assumed at the start.
 
-Every Consumer is in pull mode (made without a handler: no worker thread), and the fleet uses
-its public pull API only (see docs/consumer.rst, "Taking messages in batches"):
+Every Consumer is in columnar pull mode (made without a handler and with ``columnar=True``:
+no worker thread, no Python object per message), and the fleet uses its public API only (see
+docs/consumer.rst, "Taking messages in batches"):
 
-* :meth:`Fleet.take` takes what every Consumer received, all at once (``consumer.take()``:
-  no thread wake-up per socket read, no hand-off per message), each message already through
-  the give-up at ``max_tries``, youzan's ordered-offset check and tracing;
-* :meth:`Fleet.finish` and :meth:`Fleet.requeue` answer many messages with one write per
-  connection (``consumer.finish_many()`` / ``requeue_many()`` on the Consumer that received
-  them), with the Consumer's own claim, counters, RDY refill and backoff.
+* :meth:`Fleet.take` takes what every Consumer received, all at once
+  (``consumer.take_batches()``: one :class:`~nsqclient.batch.MessageBatch` per socket read),
+  already through the give-up at ``max_tries``, youzan's ordered-offset check and tracing;
+* :meth:`Fleet.finish`, :meth:`Fleet.requeue` and :meth:`Fleet.touch` answer many batches
+  with one write per connection (``finish_batches()`` / ``requeue_batches()`` /
+  ``touch_batches()`` on the Consumer that received them: ``batch.consumer``), with the
+  Consumer's own claim, counters, RDY refill and backoff.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
@@ -30,8 +31,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..batch import MessageBatch
 from ..consumer import ConnectionCounts, Consumer
-from ..message import Message
 
 __all__ = ["Fleet", "DEFAULT_MAX_RDY_COUNT", "split"]
 
@@ -80,10 +81,6 @@ class Fleet:
         self._consumers: list[Consumer] = []
         self._max_rdy_count = DEFAULT_MAX_RDY_COUNT
         self._stopped = False
-        # Which Consumer took each message not answered through the fleet yet: an answer goes
-        # to the Consumer that received the message (a Message does not say which one it is).
-        self._owners: dict[Message, Consumer] = {}
-        self._owners_lock = threading.Lock()
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -105,6 +102,7 @@ class Fleet:
             self.topic,
             self.channel,
             None,  # pull mode
+            columnar=True,
             nsqd_tcp_addresses=self._addresses,
             lookupd_http_addresses=self._lookupds,
             max_in_flight=max_in_flight,
@@ -143,17 +141,12 @@ class Fleet:
                     self.max_in_flight,
                 )
 
-    def take(self) -> list[Message]:
-        """Every message the Consumers received and nobody took yet (each Consumer's in
-        arrival order); never blocks.  Each is the caller's to answer."""
-        taken: list[Message] = []
-        owners = self._owners
+    def take(self) -> list[MessageBatch]:
+        """Every batch of messages the Consumers received and nobody took yet (each
+        Consumer's in arrival order); never blocks.  Each is the caller's to answer."""
+        taken: list[MessageBatch] = []
         for consumer in self.consumers:
-            batch = consumer.take()
-            if batch:
-                with self._owners_lock:
-                    owners.update(zip(batch, itertools.repeat(consumer)))
-                taken += batch
+            taken += consumer.take_batches()
         return taken
 
     def connection_counts(self) -> list[ConnectionCounts]:
@@ -163,11 +156,7 @@ class Fleet:
 
     def msg_timeouts(self) -> dict[str, float]:
         """nsqd's ``msg_timeout`` (seconds) per nsqd address the fleet is connected to."""
-        return {
-            conn.address: float(conn.msg_timeout)
-            for consumer in self.consumers
-            for conn in consumer.connections()
-        }
+        return {counts.address: counts.msg_timeout for counts in self.connection_counts()}
 
     def saturated(self) -> bool:
         """True when nsqd will send nothing more until something is answered: every
@@ -180,49 +169,27 @@ class Fleet:
                 return False  # a connection nsqd may still send on
         return seen
 
-    def finish(self, messages: Iterable[Message]) -> int:
-        """FIN ``messages`` (taken from this fleet, none answered yet), one write per
-        connection; return how many were finished.  A message whose connection is gone is
-        only marked answered: nsqd gives it again."""
-        return sum(
-            consumer.finish_many(group) for consumer, group in self._by_owner(messages).items()
-        )
+    def finish(self, batches: Iterable[MessageBatch]) -> int:
+        """FIN ``batches`` (taken from this fleet), one write per connection; return how many
+        messages were finished.  A message whose connection is gone is only marked answered:
+        nsqd gives it again."""
+        return sum(c.finish_batches(group) for c, group in _by_consumer(batches).items())
 
     def requeue(
-        self, messages: Iterable[Message], delay: float | None = 0.0, backoff: bool = False
+        self, batches: Iterable[MessageBatch], delay: float | None = 0.0, backoff: bool = False
     ) -> int:
-        """REQ ``messages`` (taken from this fleet, none answered yet), one write per
-        connection (by default with no delay and no backoff: what the source hands back was
-        not processed, it did not fail); return how many were requeued."""
+        """REQ ``batches`` (taken from this fleet), one write per connection (by default with
+        no delay and no backoff: what the source hands back was not processed, it did not
+        fail); return how many messages were requeued."""
         return sum(
-            consumer.requeue_many(group, delay=delay, backoff=backoff)
-            for consumer, group in self._by_owner(messages).items()
+            c.requeue_batches(group, delay=delay, backoff=backoff)
+            for c, group in _by_consumer(batches).items()
         )
 
-    def _by_owner(self, messages: Iterable[Message]) -> dict[Consumer, list[Message]]:
-        """``messages`` grouped by the Consumer that received them (which forgets them)."""
-        messages = list(messages)
-        with self._owners_lock:
-            owners = list(map(self._owners.pop, messages, itertools.repeat(None)))
-        groups: dict[Consumer, list[Message]] = {}
-        lost = start = 0
-        # Messages come in runs from one Consumer (one take each): a slice per run.
-        for consumer, run in itertools.groupby(owners):
-            end = start + len(list(run))
-            if consumer is None:
-                lost += end - start
-            else:
-                group = groups.get(consumer)
-                if group is None:
-                    groups[consumer] = messages[start:end]
-                else:
-                    group.extend(messages[start:end])
-            start = end
-        if lost:
-            logger.warning(
-                "%d messages to answer were not taken from this fleet, or answered already", lost
-            )
-        return groups
+    def touch(self, batches: Iterable[MessageBatch]) -> int:
+        """TOUCH every message of ``batches`` not answered yet, one write per connection;
+        return how many."""
+        return sum(c.touch_batches(group) for c, group in _by_consumer(batches).items())
 
     def stats(self) -> dict[str, Any]:
         """The Consumers' counters added up, and how many there are."""
@@ -276,5 +243,11 @@ class Fleet:
             t.start()
         for t in threads:
             t.join(max(deadline - time.monotonic(), 0.1))
-        with self._owners_lock:
-            self._owners.clear()
+
+
+def _by_consumer(batches: Iterable[MessageBatch]) -> dict[Consumer, list[MessageBatch]]:
+    """``batches`` grouped by the Consumer that received them."""
+    groups: dict[Consumer, list[MessageBatch]] = {}
+    for batch in batches:
+        groups.setdefault(batch.consumer, []).append(batch)
+    return groups

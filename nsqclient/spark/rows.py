@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SCHEMA_DDL", "to_record_batch", "to_ipc", "from_ipc", "message_id_text", "signed64"]
+__all__ = [
+    "SCHEMA_DDL",
+    "arrow_schema",
+    "to_record_batch",
+    "to_ipc",
+    "from_ipc",
+    "message_id_text",
+    "signed64",
+]
 
 #: The source's rows.  ``timestamp`` is when nsqd received the message (microsecond precision
 #: of nsqd's nanoseconds); ``partition``, ``offset`` and ``trace_id`` are youzan's (null on
@@ -41,7 +49,7 @@ def signed64(value: int | None) -> int | None:
 _SCHEMA: Any = None
 
 
-def _arrow_schema() -> Any:
+def arrow_schema() -> Any:
     global _SCHEMA
     if _SCHEMA is None:
         import pyarrow as pa
@@ -91,7 +99,7 @@ def to_record_batch(messages: Sequence[Any], topic: str) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    schema = _arrow_schema()
+    schema = arrow_schema()
     n = len(messages)
     ids = [m.id for m in messages]
     if n and not b"".join(ids).translate(None, _HEX):

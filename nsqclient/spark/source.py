@@ -8,14 +8,16 @@ Where things run (Spark 4 Python data sources):
   Consumers, so that nsqd's per-connection RDY cap does not cap ``max_in_flight``), lazily, at
   the first ``latestOffset``: the reader object is also built and pickled elsewhere (to make
   the executors' ``read``), so ``__init__`` opens nothing.
-* The Consumers are in pull mode (no handler, no worker thread): their reader threads leave
-  what they receive in the Consumers' queues, and the reader takes it all
-  (``consumer.take()``) into a :class:`~nsqclient.spark.ledger.Ledger` (numbered in arrival
-  order) when it cuts a batch, and every quarter ``msg_timeout``.  ``latestOffset`` FINishes
-  the committed batch, waits (at most ``fillTimeout``) for nsqd to refill what those FINs
-  freed, and cuts the next batch from what is held; ``partitions`` puts the batch's rows (an
-  Arrow record batch) into the InputPartitions; the executors' ``read`` yields them.  No
-  executor talks to nsqd.
+* The Consumers are in columnar pull mode (no handler, no worker thread, no Python object per
+  message): their reader threads leave what they receive in the Consumers' queues as
+  :class:`~nsqclient.batch.MessageBatch` objects (one socket read each), and the reader takes
+  them all (``consumer.take_batches()``) into a :class:`~nsqclient.spark.ledger.Ledger`
+  (messages numbered in arrival order) when it cuts a batch, and every quarter
+  ``msg_timeout``.  ``latestOffset`` FINishes the committed batch, waits (at most
+  ``fillTimeout``) for nsqd to refill what those FINs freed, and cuts the next batch from what
+  is held; ``partitions`` puts the batch's messages, as nsqd framed them, into the
+  InputPartitions (:mod:`nsqclient.spark.frames`: the bytes read, byte ranges and offsets);
+  the executors' ``read`` decodes them into Arrow rows.  No executor talks to nsqd.
 * A message is FINished on the driver, on the connection it came on (one write per connection
   for the whole batch), once Spark has committed its batch: at the next ``latestOffset`` (Spark
   calls it only after it wrote the batch's entry in the checkpoint's commit log) or at
@@ -55,9 +57,9 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .fleet import Fleet
+from .frames import Frames, frames_of, to_rows
 from .ledger import Ledger
 from .options import SourceOptions
-from .rows import from_ipc, to_ipc, to_record_batch
 
 __all__ = ["NSQStreamReader", "NSQInputPartition"]
 
@@ -139,25 +141,20 @@ def relax_gc() -> tuple[int, ...]:
 
 
 class NSQInputPartition(InputPartition):
-    """One Spark partition of a micro-batch: its rows, as an Arrow record batch (or None).
+    """One Spark partition of a micro-batch: its messages as nsqd framed them (or None); the
+    executor's ``read`` makes the rows (:func:`nsqclient.spark.frames.to_rows`)."""
 
-    It travels to the executors as the Arrow IPC stream of its own rows only: pickling a
-    slice of a record batch would carry the whole batch's buffers, once per partition."""
-
-    def __init__(self, index: int, batch: Any):
+    def __init__(self, index: int, frames: Frames | None):
         super().__init__(index)
-        self.batch = batch
+        self.frames = frames
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"value": self.value, "ipc": None if self.batch is None else to_ipc(self.batch)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.value = state["value"]
-        self.batch = None if state["ipc"] is None else from_ipc(state["ipc"])
+    @property
+    def count(self) -> int:
+        """How many messages (rows) it holds."""
+        return 0 if self.frames is None else self.frames.messages
 
     def __repr__(self) -> str:
-        rows = 0 if self.batch is None else self.batch.num_rows
-        return f"NSQInputPartition({self.value}, rows={rows})"
+        return f"NSQInputPartition({self.value}, rows={self.count})"
 
 
 class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -263,9 +260,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        """The rows of ``(start, end]``, split into ``numPartitions`` InputPartitions."""
-        messages = self._ledger.slice(start, end)
-        if not messages:
+        """The messages of ``(start, end]``, split into ``numPartitions`` InputPartitions."""
+        batches = self._ledger.slice(start, end)
+        if not batches:
             if self._ledger.seq_of(end) is None and start != end:
                 logger.info(
                     "batch %s -> %s is from an earlier run of the query; its messages were not "
@@ -274,20 +271,15 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     end,
                 )
             return []
-        count = min(self.options.num_partitions, len(messages))
-        size = -(-len(messages) // count)
-        rows = to_record_batch(messages, self.options.topic)
-        return [
-            NSQInputPartition(i, rows.slice(i * size, size))
-            for i in range(count)
-            if i * size < len(messages)
-        ]
+        parts = frames_of(batches, self.options.num_partitions)
+        return [NSQInputPartition(i, frames) for i, frames in enumerate(parts)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        """On an executor: yield the partition's rows (no connection to nsqd)."""
-        batch = getattr(partition, "batch", None)
-        if batch is not None and batch.num_rows:
-            yield batch
+        """On an executor: decode the partition's messages and yield them as one Arrow
+        record batch (no connection to nsqd)."""
+        frames = getattr(partition, "frames", None)
+        if frames is not None and frames.messages:
+            yield to_rows(frames, self.options.topic)
 
     def commit(self, end: dict) -> None:
         """Spark committed everything up to ``end``: FIN it (usually done already by
@@ -315,7 +307,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if self._fleet is not None:
                     self._fleet.requeue(held)
             if held:
-                logger.info("stopping: requeued %d messages not committed by Spark", len(held))
+                count = sum(map(len, held))
+                logger.info("stopping: requeued %d messages not committed by Spark", count)
             if self._fleet is not None:
                 # CLS, then close: the REQs queued before are written first.
                 self._fleet.stop(timeout=10.0)
@@ -403,13 +396,13 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         fleet = self._fleet
         if fleet is not None:
             with self._take_lock:
-                messages = fleet.take()
-                if not messages:
+                batches = fleet.take()
+                if not batches:
                     return
                 if self._stopping.is_set():
-                    fleet.requeue(messages)
+                    fleet.requeue(batches)
                 else:
-                    self._ledger.add_many(messages)
+                    self._ledger.add_many(batches)
 
     def _finish_through(self, offset: dict) -> int:
         """FIN every held message up to ``offset`` (if it is this reader's); how many."""
@@ -420,9 +413,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             done = self._ledger.release_through(seq)
             if done and self._fleet is not None:
                 self._fleet.finish(done)
-        if done:
-            logger.debug("finished %d messages through seq %d", len(done), seq)
-        return len(done)
+        count = sum(map(len, done))
+        if count:
+            logger.debug("finished %d messages through seq %d", count, seq)
+        return count
 
     def _msg_timeouts(self) -> dict[str, float]:
         fleet = self._fleet
@@ -445,10 +439,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not due:
                 continue
             with self._answer_lock:
-                for message in due:
-                    if not message.has_responded():
-                        message.touch()
-            logger.debug("touched %d held messages", len(due))
+                touched = 0 if self._fleet is None else self._fleet.touch(due)
+            logger.debug("touched %d held messages", touched)
 
 
 def _never() -> bool:

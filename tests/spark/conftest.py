@@ -3,7 +3,8 @@
 Spark starts its Python workers with $PYSPARK_PYTHON (else the first python3 on PATH, which
 would not have nsqclient or pyarrow): the session fixtures point it at this interpreter.  One
 process has one SparkContext at a time, so each session fixture is module-scoped: a module uses
-either the local session or the cluster's.
+either the local session or the cluster's.  The standalone cluster itself is shared by the
+modules that use it, and stopped after the last of their tests.
 """
 
 from __future__ import annotations
@@ -60,16 +61,43 @@ def spark() -> Iterator[Any]:
     yield from _session("local[2]", "nsqclient-tests", **{"spark.default.parallelism": "2"})
 
 
-@pytest.fixture(scope="module")
+#: the cluster :func:`standalone_cluster` started (None before it and after its last user)
+_cluster: Any = None
+
+
+@pytest.fixture(scope="session")
 def standalone_cluster() -> Iterator[Any]:
     """A Spark standalone master and 2 workers (1 core, 1 GiB each) started from the installed
-    pyspark's ``bin/spark-class`` on free ports, executors running this interpreter; stopped
-    (with every executor) after the module."""
+    pyspark's ``bin/spark-class`` on free ports, executors running this interpreter.
+
+    One for the whole run (starting it costs 40-50 s on a 2-core machine): test_spark_cluster.py
+    runs its applications there, and test_spark_docs.py's by-hand worker registers with its
+    master.  Stopped (with every executor) right after the last test that uses it
+    (:func:`pytest_runtest_teardown`), not at the end of the suite."""
+    global _cluster
     from nsqclient.spark.standalone import StandaloneCluster
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     with StandaloneCluster(workers=2, cores=1, memory="1g", python=sys.executable) as cluster:
-        yield cluster
+        _cluster = cluster
+        try:
+            yield cluster
+        finally:
+            _cluster = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop the shared :func:`standalone_cluster` once no test left to run uses it (after the
+    module-scoped sessions on it are torn down): its three JVMs do not idle through the rest
+    of the suite.  The fixture's own teardown, at the end of the session, then finds it
+    stopped."""
+    result = yield
+    if _cluster is not None and "standalone_cluster" in getattr(item, "fixturenames", ()):
+        later = item.session.items[item.session.items.index(item) + 1 :]
+        if not any("standalone_cluster" in getattr(i, "fixturenames", ()) for i in later):
+            _cluster.stop()
+    return result
 
 
 @pytest.fixture(scope="module")

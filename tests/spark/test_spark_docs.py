@@ -166,18 +166,42 @@ def group_alive(group: int) -> list[int]:
     return pids
 
 
+def commands(script: str) -> list[str]:
+    """A script's commands, a command's ``\\`` continuations joined to it."""
+    return script.replace("\\\n", " ").splitlines()
+
+
 @pytest.mark.timeout(240)
-def test_the_by_hand_master_and_worker_start_as_printed(tmp_path: Path) -> None:
+def test_the_by_hand_master_and_worker_start_as_printed(
+    tmp_path: Path, standalone_cluster: Any
+) -> None:
     """The SPARK_HOME and master/worker blocks, run by bash with the virtualenv not
-    activated: the master comes up on 127.0.0.1 and the worker registers with it."""
+    activated: the master comes up on 127.0.0.1 at the URL the worker command names, and the
+    worker registers with that URL's master, offering 1 core and 1 GiB.
+
+    The master command runs as printed (on free ports); the worker command's URL is the shared
+    ``standalone_cluster``'s master (its ``--host 127.0.0.1`` and its port for the printed
+    7077): the worker registers at once with a master that is up, where it would wait 5-15 s
+    for its next try at one still starting, and the master it names is shown to be the printed
+    one by the URL the printed master reports."""
     blocks = code_blocks(section("A standalone cluster by hand"), "console")
     home, daemons = shell_script(blocks[0]), shell_script(blocks[1])
     assert "export SPARK_HOME=" in home, home
     assert "deploy.master.Master" in daemons and "deploy.worker.Worker" in daemons, daemons
     assert "7077" in daemons and "8080" in daemons and VENV in home + daemons
+    (master,) = [c for c in commands(daemons) if "deploy.master.Master" in c]
+    (worker,) = [c for c in commands(daemons) if "deploy.worker.Worker" in c]
+    assert "--host 127.0.0.1 --port 7077 --webui-port 8080" in master, master
+    printed_url = "spark://127.0.0.1:7077"
+    assert printed_url in worker, worker
     port, web_port = free_port(), free_port()
-    script = (home + daemons).replace(VENV, sys.prefix)
-    script = script.replace("7077", str(port)).replace("8080", str(web_port))
+    edited = {
+        master: master.replace("7077", str(port)).replace("8080", str(web_port)),
+        worker: worker.replace(printed_url, standalone_cluster.url),
+    }
+    script = home + "".join(edited.get(c, c) + "\n" for c in commands(daemons))
+    script = script.replace(VENV, sys.prefix)
+    shared_workers = {w["id"] for w in standalone_cluster.state().get("workers") or []}
     logs = [tmp_path / "master.log", tmp_path / "worker.log"]
     shell = subprocess.Popen(
         ["bash", "-e", "-c", script],
@@ -193,9 +217,9 @@ def test_the_by_hand_master_and_worker_start_as_printed(tmp_path: Path) -> None:
         output = shell.communicate(timeout=60)[0].decode(errors="replace")
         assert shell.returncode == 0, output  # the commands ran; the daemons in the background
 
-        def state() -> dict[str, Any] | None:
+        def state(web: int) -> dict[str, Any] | None:
             try:
-                url = f"http://127.0.0.1:{web_port}/json/"
+                url = f"http://127.0.0.1:{web}/json/"
                 with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 (loopback)
                     data = dict(json.loads(reply.read()))
             except (OSError, ValueError):
@@ -204,15 +228,32 @@ def test_the_by_hand_master_and_worker_start_as_printed(tmp_path: Path) -> None:
                 raise AssertionError("the master and the worker exited:\n" + tail(logs[0]))
             return data
 
+        def new_worker() -> dict[str, Any] | None:
+            found = [
+                w
+                for w in (state(standalone_cluster.web_port) or {}).get("workers") or []
+                if w["id"] not in shared_workers and w.get("state") == "ALIVE"
+            ]
+            return found[0] if found else None
+
         ready = wait_for(
-            lambda: (s := state()) and s.get("aliveworkers", 0) >= 1 and s,
+            lambda: (s := state(web_port)) and s.get("status") == "ALIVE" and s,
             timeout=150,
             interval=0.2,
-            message=lambda: f"no worker registered: {state()}\n{tail(logs[0])}\n{tail(logs[1])}",
+            message=lambda: f"the master is not up: {state(web_port)}\n{tail(logs[0])}",
         )
-        assert ready["status"] == "ALIVE" and ready["url"] == f"spark://127.0.0.1:{port}"
-        (worker,) = ready["workers"]
-        assert (worker["host"], worker["cores"], worker["memory"]) == ("127.0.0.1", 1, 1024)
+        assert ready["url"] == f"spark://127.0.0.1:{port}"  # the worker command's, printed
+        registered = wait_for(
+            new_worker,
+            timeout=150,
+            interval=0.2,
+            message=lambda: f"no worker registered: {new_worker()}\n{tail(logs[1])}",
+        )
+        assert (registered["host"], registered["cores"], registered["memory"]) == (
+            "127.0.0.1",
+            1,
+            1024,
+        )
         for log in logs:  # SPARK_LOCAL_IP: no "hostname ... resolves to a loopback address"
             assert "loopback address" not in log.read_text(errors="replace"), tail(log)
     finally:

@@ -127,51 +127,70 @@ def test_parse_config_value() -> None:
 # ---------------------------------------------------------------------------------- ledger
 
 
-class FakeMessage:
-    def __init__(self, n: int, address: str = "a:1", received_at: float = 0.0):
-        self.n = n
+class FakeBatch:
+    """What the ledger needs of a MessageBatch: its messages (numbers here), a split."""
+
+    def __init__(self, items: list[int], address: str = "a:1", received_at: float = 0.0):
+        self.items = items
         self.nsqd_address = address
         self.received_at = received_at
         self.touched_at: float | None = None
+        self.split_count = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def split(self, index: int) -> tuple[FakeBatch, FakeBatch]:
+        self.split_count += 1
+        assert self.split_count == 1, "a batch is split once"
+        head = FakeBatch(self.items[:index], self.nsqd_address, self.received_at)
+        return head, FakeBatch(self.items[index:], self.nsqd_address, self.received_at)
 
 
-def ledger_with(count: int, session: str = "s1") -> Ledger:
+def numbers(batches: list[FakeBatch]) -> list[int]:
+    return [n for batch in batches for n in batch.items]
+
+
+def ledger_with(count: int, session: str = "s1", per: int = 3) -> Ledger:
+    """``count`` messages numbered 0.. in batches of ``per``."""
     ledger = Ledger(session)
-    for i in range(count):
-        assert ledger.add(FakeMessage(i)) == i + 1
+    for i in range(0, count, per):
+        items = list(range(i, min(i + per, count)))
+        assert ledger.add_many([FakeBatch(items)]) == items[-1] + 1
     return ledger
 
 
 def test_ledger_cuts_batches_by_limit_and_serves_ranges() -> None:
     ledger = ledger_with(10)
     start = {"session": "s1", "seq": 0}
-    end = ledger.latest(start, 4)
+    end = ledger.latest(start, 4)  # inside the second batch: it is split there
     assert end == {"session": "s1", "seq": 4}
-    assert [m.n for m in ledger.slice(start, end)] == [0, 1, 2, 3]
+    assert numbers(ledger.slice(start, end)) == [0, 1, 2, 3]
     # Asked twice (Spark may plan a batch again): the same rows.
-    assert [m.n for m in ledger.slice(start, end)] == [0, 1, 2, 3]
+    assert numbers(ledger.slice(start, end)) == [0, 1, 2, 3]
     end2 = ledger.latest(end, None)
     assert end2 == {"session": "s1", "seq": 10}
-    assert [m.n for m in ledger.slice(end, end2)] == list(range(4, 10))
+    assert numbers(ledger.slice(end, end2)) == list(range(4, 10))
     # Nothing after the end: the start comes back unchanged (Spark plans no batch).
     assert ledger.latest(end2, None) == end2
+    assert len(ledger) == 10
 
 
 def test_ledger_releases_committed_prefix_only() -> None:
     ledger = ledger_with(6)
-    released = ledger.release_through(4)
-    assert [m.n for m in released] == [0, 1, 2, 3]
+    released = ledger.release_through(4)  # splits the batch [3, 4, 5]
+    assert numbers(released) == [0, 1, 2, 3]
     assert len(ledger) == 2
     assert ledger.release_through(4) == []
     # A batch starting at the committed offset starts after it.
     start = {"session": "s1", "seq": 4}
     assert ledger.available(start) == 2
-    assert [m.n for m in ledger.slice(start, ledger.latest(start, None))] == [4, 5]
-    ledger.add(FakeMessage(6))
+    assert numbers(ledger.slice(start, ledger.latest(start, None))) == [4, 5]
+    ledger.add_many([FakeBatch([6])])
     assert ledger.last_seq == 7
-    assert [m.n for m in ledger.release_all()] == [4, 5, 6]
+    assert numbers(ledger.release_all()) == [4, 5, 6]
     assert len(ledger) == 0
-    assert ledger.add(FakeMessage(7)) == 8
+    assert ledger.add_many([FakeBatch([7]), FakeBatch([])]) == 8
 
 
 def test_ledger_offsets_of_an_earlier_run() -> None:
@@ -184,7 +203,7 @@ def test_ledger_offsets_of_an_earlier_run() -> None:
     # A batch from the old run's end takes everything this run holds.
     end = ledger.latest(old_end, None)
     assert end == {"session": "new", "seq": 3}
-    assert [m.n for m in ledger.slice(old_end, end)] == [0, 1, 2]
+    assert numbers(ledger.slice(old_end, end)) == [0, 1, 2]
     # And with nothing held, the old offset is returned as it is.
     empty = Ledger("new")
     assert empty.latest(old_end, None) == old_end
@@ -200,12 +219,11 @@ def test_ledger_seq_of_rejects_malformed_offsets() -> None:
 
 def test_ledger_due_for_touch() -> None:
     ledger = Ledger("s")
-    old = FakeMessage(0, "a:1", received_at=100.0)
-    touched = FakeMessage(1, "a:1", received_at=100.0)
+    old = FakeBatch([0], "a:1", received_at=100.0)
+    touched = FakeBatch([1], "a:1", received_at=100.0)
     touched.touched_at = 125.0
-    other = FakeMessage(2, "b:2", received_at=100.0)
-    for m in (old, touched, other):
-        ledger.add(m)
+    other = FakeBatch([2, 3], "b:2", received_at=100.0)
+    ledger.add_many([old, touched, other])
     # a:1 has msg_timeout 50 s (touch after 25 s); b:2 is unknown: the default of 60 s.
     due = ledger.due_for_touch(126.0, {"a:1": 50.0}, 60.0)
     assert due == [old]
@@ -227,16 +245,16 @@ def wait_args(**overrides: object) -> dict[str, object]:
 
 def test_ledger_add_many_numbers_in_order() -> None:
     ledger = Ledger("s")
-    assert ledger.add_many([FakeMessage(i) for i in range(3)]) == 3
-    assert ledger.add(FakeMessage(3)) == 4
+    assert ledger.add_many([FakeBatch([0, 1]), FakeBatch([2])]) == 3
+    assert ledger.add_many([FakeBatch([3])]) == 4
     start = {"session": "s", "seq": 0}
-    assert [m.n for m in ledger.slice(start, ledger.latest(start, None))] == [0, 1, 2, 3]
+    assert numbers(ledger.slice(start, ledger.latest(start, None))) == [0, 1, 2, 3]
 
 
 def test_wait_for_batch_returns_when_the_limit_is_held() -> None:
     ledger = Ledger("s")
     start = {"session": "s", "seq": 0}
-    adder = threading.Thread(target=lambda: [ledger.add(FakeMessage(i)) for i in range(5)])
+    adder = threading.Thread(target=lambda: [ledger.add_many([FakeBatch([i])]) for i in range(5)])
     adder.start()
     ledger.wait_for_batch(start, 5, **wait_args())  # type: ignore[arg-type]
     adder.join()
@@ -265,7 +283,7 @@ def test_wait_for_batch_cuts_after_a_quiet_gap_and_at_the_deadline() -> None:
 
     def trickle() -> None:
         while not stop.wait(0.005):
-            ledger.add(FakeMessage(0))
+            ledger.add_many([FakeBatch([0])])
 
     adder = threading.Thread(target=trickle)
     adder.start()
@@ -286,7 +304,7 @@ def test_wait_for_batch_with_nothing_held() -> None:
     quiet.wait_for_batch(start, None, **wait_args(empty_wait=0.05))  # type: ignore[arg-type]
     assert 0.04 <= time.monotonic() - began < 10
     # The first message ends the empty wait; a quiet gap after it ends the batch.
-    adder = threading.Timer(0.05, lambda: quiet.add(FakeMessage(1)))
+    adder = threading.Timer(0.05, lambda: quiet.add_many([FakeBatch([1])]))
     adder.start()
     quiet.wait_for_batch(start, None, **wait_args(empty_wait=30.0, gap=0.05))  # type: ignore[arg-type]
     adder.join()
@@ -335,24 +353,6 @@ def test_record_batch_classic_and_youzan() -> None:
     assert (rows[0]["partition"], rows[0]["offset"], rows[0]["trace_id"]) == (None, None, None)
     assert (rows[1]["partition"], rows[1]["offset"]) == (3, 77)
     assert rows[1]["trace_id"] == -(1 << 63) + 1
-
-
-def test_an_input_partition_carries_its_own_rows_only() -> None:
-    import pickle
-
-    from nsqclient.spark.rows import to_record_batch
-    from nsqclient.spark.source import NSQInputPartition
-
-    batch = to_record_batch([RowMessage(b"%05d" % i + b"x" * 195) for i in range(2_000)], "t")
-    whole = len(pickle.dumps(NSQInputPartition(0, batch)))
-    half = pickle.loads(pickle.dumps(NSQInputPartition(1, batch.slice(1_000, 1_000))))
-    assert half.value == 1
-    assert half.batch.equals(batch.slice(1_000, 1_000))
-    assert half.batch.column(0)[0].as_py().startswith(b"01000")
-    # A pickled slice of a record batch would carry every buffer of the whole batch.
-    assert len(pickle.dumps(NSQInputPartition(1, batch.slice(1_000, 1_000)))) < whole * 0.6
-    empty = pickle.loads(pickle.dumps(NSQInputPartition(2, None)))
-    assert (empty.value, empty.batch) == (2, None)
 
 
 # ---------------------------------------------------------------------------------- sink
