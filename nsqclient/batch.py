@@ -3,12 +3,12 @@
 A Consumer made with ``columnar=True`` (and no handler) makes no Python object per message.
 What one socket read brings on one connection becomes one :class:`MessageBatch`: the bytes
 read and two lists of offsets into them.  :meth:`Consumer.take_batches
-<nsqclient.consumer.Consumer.take_batches>` hands batches out; their fields come as lists on
+<nsqclient.Consumer.take_batches>` hands batches out; their fields come as lists on
 request (:meth:`MessageBatch.bodies`, :meth:`~MessageBatch.ids`, ...) or straight from
 :attr:`MessageBatch.buffer` for code that builds columns itself (the Spark source builds Arrow
 columns this way); a whole batch is answered with one write (:meth:`MessageBatch.finish`,
 :meth:`~MessageBatch.requeue`, :meth:`~MessageBatch.touch`, or
-:meth:`Consumer.finish_batches <nsqclient.consumer.Consumer.finish_batches>` for many).
+:meth:`Consumer.finish_batches <nsqclient.Consumer.finish_batches>` for many).
 
 The layout of message ``i`` is ``buffer[starts[i]:ends[i]]``::
 
@@ -90,8 +90,6 @@ class MessageBatch:
             true unless a message was taken out (one given up on at ``max_tries``).
         received_at: ``time.monotonic()`` when it was read.
         touched_at: ``time.monotonic()`` of the last :meth:`touch` (None: never).
-        consumer: the :class:`~nsqclient.consumer.Consumer` that received it (answer it
-            there, e.g. ``batch.consumer.finish_batches(...)``); None for a batch made by hand.
         conn: the connection it came on (None for a batch made by hand).
 
     A batch made by hand (``MessageBatch(buffer, starts, ends, nsqd_address=..., youzan=...)``)
@@ -143,16 +141,17 @@ class MessageBatch:
         self.conn = conn
         self._responder = responder
 
-    key = property(lambda self: self.origin.key, doc="The connection's key.")
-    nsqd_address = property(lambda self: self.origin.nsqd_address, doc="The nsqd's host:port.")
-    partition = property(lambda self: self.origin.partition, doc="youzan: the partition.")
-    youzan = property(lambda self: self.origin.youzan, doc="youzan's raw ids.")
-    extended = property(lambda self: self.origin.extended, doc="youzan's ext headers.")
-    ordered = property(lambda self: self.origin.ordered, doc="youzan's ordered layout.")
+    key = property(lambda self: self.origin.key, doc="``origin.key``")
+    nsqd_address = property(lambda self: self.origin.nsqd_address, doc="``origin.nsqd_address``")
+    partition = property(lambda self: self.origin.partition, doc="``origin.partition``")
+    youzan = property(lambda self: self.origin.youzan, doc="``origin.youzan``")
+    extended = property(lambda self: self.origin.extended, doc="``origin.extended``")
+    ordered = property(lambda self: self.origin.ordered, doc="``origin.ordered``")
 
     @property
     def consumer(self) -> Any:
-        """The Consumer that received the batch (None for a batch made by hand)."""
+        """The :class:`~nsqclient.Consumer` that received the batch (answer it there, e.g.
+        ``batch.consumer.finish_batches(...)``); None for a batch made by hand."""
         return None if self._responder is None else self._responder.consumer
 
     def __len__(self) -> int:

@@ -87,7 +87,7 @@ def conn_views(conns: dict[str, ConnInfo]) -> list[ConnView]:
 
 class ConnectionCounts(NamedTuple):
     """One connection's flow-control counts (see :meth:`Consumer.connection_counts
-    <nsqclient.consumer.Consumer.connection_counts>`)."""
+    <nsqclient.Consumer.connection_counts>`)."""
 
     #: the Consumer's name for the connection: ``host:port``, plus ``#partition`` on youzan
     key: str
