@@ -1,11 +1,13 @@
 """The nsq data source on a Spark standalone cluster (a master and 2 workers of 1 core, started
 from pyspark's own spark-class by the ``standalone_cluster`` fixture): executors in other
 processes (other JVMs, other Python workers) read the rows the driver-side reader cut and
-publish them; one test kills a worker, executor and all, mid-run.
+publish them; one test kills a worker, executor and all, mid-run.  The cluster is the one
+test_spark_docs.py's by-hand worker joins afterwards (a session-scoped fixture).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,32 +16,37 @@ from spark_helpers import channel_stats, in_flight, pipeline, publish_numbered, 
 from nsqclient.testing.waiting import wait_for
 
 
+@pytest.fixture
 def start_pipe(
-    spark: Any, nsqd: Any, tmp_path: Any, queries: list[Any], collect: Any, n: int, per_batch: int
-) -> tuple[set[bytes], Any, Any]:
-    """Publish ``n`` numbered messages to ``a`` and start ``a`` -> upper -> ``b`` on ``spark``
-    (batches of ``per_batch``); the bodies sent, the collector of ``b``, the query."""
-    address = nsqd.nsqd.tcp_address
-    sent = publish_numbered(address, "a", n)
-    out = collect(address, "b")
-    query = pipeline(
-        spark, address, address, str(tmp_path / "ck"), maxMessagesPerBatch=str(per_batch)
-    ).start()
-    queries.append(query)
-    return sent, out, query
+    cluster_spark: Any, nsqd: Any, tmp_path: Any, queries: list[Any], collect: Any
+) -> Callable[[int, int], tuple[set[bytes], Any, Any]]:
+    """``start_pipe(n, per_batch)``: publish ``n`` numbered messages to ``a`` and start ``a``
+    -> upper -> ``b`` on the cluster's session (batches of ``per_batch``); the bodies sent,
+    the collector of ``b``, the query."""
+
+    def start(n: int, per_batch: int) -> tuple[set[bytes], Any, Any]:
+        address = nsqd.nsqd.tcp_address
+        sent = publish_numbered(address, "a", n)
+        out = collect(address, "b")
+        query = pipeline(
+            cluster_spark,
+            address,
+            address,
+            str(tmp_path / "ck"),
+            maxMessagesPerBatch=str(per_batch),
+        ).start()
+        queries.append(query)
+        return sent, out, query
+
+    return start
 
 
 @pytest.mark.timeout(240)
 def test_a_pipeline_on_a_standalone_cluster_moves_every_message(
-    cluster_spark: Any,
-    standalone_cluster: Any,
-    nsqd: Any,
-    tmp_path: Any,
-    queries: list[Any],
-    collect: Any,
+    standalone_cluster: Any, nsqd: Any, start_pipe: Any
 ) -> None:
     assert standalone_cluster.alive_workers(standalone_cluster.state()) == 2
-    sent, out, query = start_pipe(cluster_spark, nsqd, tmp_path, queries, collect, 10_000, 2_500)
+    sent, out, query = start_pipe(10_000, 2_500)
     out.wait_count(10_000, timeout=180)
     assert out.bodies == upper(sent)
     wait_for(lambda: in_flight(nsqd.nsqd) == 0, timeout=15, message="messages left in flight")
@@ -51,14 +58,9 @@ def test_a_pipeline_on_a_standalone_cluster_moves_every_message(
 
 @pytest.mark.timeout(300)
 def test_a_worker_killed_mid_run_loses_nothing(
-    cluster_spark: Any,
-    standalone_cluster: Any,
-    nsqd: Any,
-    tmp_path: Any,
-    queries: list[Any],
-    collect: Any,
+    standalone_cluster: Any, nsqd: Any, start_pipe: Any
 ) -> None:
-    sent, out, query = start_pipe(cluster_spark, nsqd, tmp_path, queries, collect, 20_000, 1_000)
+    sent, out, query = start_pipe(20_000, 1_000)
     out.wait_count(2_000, timeout=120)
     executors = standalone_cluster.executor_pids(0)
     assert executors, "worker 0 runs no executor"
