@@ -635,6 +635,14 @@ class Consumer:
         return batches
 
     def _take_items(self, max_messages: int | None, timeout: float, columnar: bool) -> list[Any]:
+        if (
+            not self._intake.work
+            and timeout == 0
+            and max_messages is None
+            and self._pull
+            and self._columnar == columnar
+        ):
+            return []  # nothing to take and no wait: the common poll, answered at once
         if not self._pull:
             raise RuntimeError("take() is for a Consumer made without a handler (handler=None)")
         if self._columnar != columnar:
