@@ -87,69 +87,6 @@ def tail(path: Path, lines: int = 25) -> str:
         return f"(no {path.name})"
 
 
-@pytest.mark.timeout(300)
-def test_the_standalone_cluster_snippet_runs_as_printed(tmp_path: Path) -> None:
-    """A session from ``cluster.session_builder()``, ``register``, and for the ``...`` a job
-    that says which Python the executors run: this one (not ``python3`` from the PATH).  With
-    one worker where the docs say two: a worker's and an executor's JVM less, 20-30 s on a
-    2-core machine (test_spark_cluster.py runs two)."""
-    (snippet,) = [
-        b
-        for b in code_blocks(section("Running on a cluster"), "python")
-        if "StandaloneCluster(" in b
-    ]
-    placeholder = "...  # the queries\n"
-    assert placeholder in snippet
-    job = (
-        "import sys; print('executors run', sorted(set(spark.sparkContext.parallelize("
-        "range(2), 2).map(lambda _: sys.executable).collect())), flush=True)\n"
-    )
-    cluster = 'StandaloneCluster(workers=2, cores=1, memory="1g")'
-    assert cluster in snippet
-    program = snippet.replace(placeholder, job).replace(cluster, cluster.replace("2", "1"))
-    proc = subprocess.run(
-        [sys.executable, "-c", program],
-        env=user_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    errors = "\n".join(line for line in proc.stderr.splitlines() if "Error" in line)
-    assert proc.returncode == 0, errors + "\n" + proc.stderr[-3000:]
-    assert f"executors run {[sys.executable]!r}" in proc.stdout.splitlines(), proc.stdout
-    # session_builder() set SPARK_LOCAL_IP for the driver's JVM
-    assert "resolves to a loopback address" not in proc.stderr
-
-
-def test_outside_the_virtualenv_spark_class_cannot_find_spark_as_the_docs_say(
-    tmp_path: Path,
-) -> None:
-    """Why the by-hand commands set SPARK_HOME first (the user's ``python3`` lacks pyspark)."""
-    message = "Could not find valid SPARK_HOME"
-    assert message in section("A standalone cluster by hand")
-    probe = subprocess.run(
-        ["python3", "-c", "import pyspark"], env=user_env(), capture_output=True, check=False
-    )
-    if probe.returncode == 0:
-        pytest.skip("the python3 on the PATH has pyspark: spark-class finds Spark through it")
-    proc = subprocess.run(
-        [
-            os.path.join(sys.prefix, "bin", "spark-class"),
-            "org.apache.spark.deploy.master.Master",
-            "--help",
-        ],
-        env=user_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert message in proc.stdout + proc.stderr
-
-
 def group_alive(group: int) -> list[int]:
     """The processes of process group ``group`` that are not zombies (Linux)."""
     pids = []
@@ -171,6 +108,8 @@ def commands(script: str) -> list[str]:
     return script.replace("\\\n", " ").splitlines()
 
 
+# First of the module: the shared cluster stops right after it (conftest.py), before the
+# snippet below starts a cluster of its own.
 @pytest.mark.timeout(240)
 def test_the_by_hand_master_and_worker_start_as_printed(
     tmp_path: Path, standalone_cluster: Any
@@ -269,3 +208,66 @@ def test_the_by_hand_master_and_worker_start_as_printed(
         if shell.poll() is None:
             shell.kill()
             shell.wait(10)
+
+
+@pytest.mark.timeout(300)
+def test_the_standalone_cluster_snippet_runs_as_printed(tmp_path: Path) -> None:
+    """A session from ``cluster.session_builder()``, ``register``, and for the ``...`` a job
+    that says which Python the executors run: this one (not ``python3`` from the PATH).  With
+    one worker where the docs say two: a worker's and an executor's JVM less, 20-30 s on a
+    2-core machine (test_spark_cluster.py runs two)."""
+    (snippet,) = [
+        b
+        for b in code_blocks(section("Running on a cluster"), "python")
+        if "StandaloneCluster(" in b
+    ]
+    placeholder = "...  # the queries\n"
+    assert placeholder in snippet
+    job = (
+        "import sys; print('executors run', sorted(set(spark.sparkContext.parallelize("
+        "range(2), 2).map(lambda _: sys.executable).collect())), flush=True)\n"
+    )
+    cluster = 'StandaloneCluster(workers=2, cores=1, memory="1g")'
+    assert cluster in snippet
+    program = snippet.replace(placeholder, job).replace(cluster, cluster.replace("2", "1"))
+    proc = subprocess.run(
+        [sys.executable, "-c", program],
+        env=user_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    errors = "\n".join(line for line in proc.stderr.splitlines() if "Error" in line)
+    assert proc.returncode == 0, errors + "\n" + proc.stderr[-3000:]
+    assert f"executors run {[sys.executable]!r}" in proc.stdout.splitlines(), proc.stdout
+    # session_builder() set SPARK_LOCAL_IP for the driver's JVM
+    assert "resolves to a loopback address" not in proc.stderr
+
+
+def test_outside_the_virtualenv_spark_class_cannot_find_spark_as_the_docs_say(
+    tmp_path: Path,
+) -> None:
+    """Why the by-hand commands set SPARK_HOME first (the user's ``python3`` lacks pyspark)."""
+    message = "Could not find valid SPARK_HOME"
+    assert message in section("A standalone cluster by hand")
+    probe = subprocess.run(
+        ["python3", "-c", "import pyspark"], env=user_env(), capture_output=True, check=False
+    )
+    if probe.returncode == 0:
+        pytest.skip("the python3 on the PATH has pyspark: spark-class finds Spark through it")
+    proc = subprocess.run(
+        [
+            os.path.join(sys.prefix, "bin", "spark-class"),
+            "org.apache.spark.deploy.master.Master",
+            "--help",
+        ],
+        env=user_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert message in proc.stdout + proc.stderr
