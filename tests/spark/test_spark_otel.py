@@ -58,7 +58,7 @@ READER = textwrap.dedent(
         if end == start:
             continue
         parts = [pickle.loads(pickle.dumps(p)) for p in reader.partitions(start, end)]
-        rows += sum(p.batch.num_rows for p in parts)
+        rows += sum(p.count for p in parts)
         batches += 1
         start = end
     reader.commit(start)
