@@ -106,6 +106,7 @@ class MessageBatch:
         "touched_at",
         "state",
         "conn",
+        "notes",
         "_responder",
     )
 
@@ -139,6 +140,9 @@ class MessageBatch:
         #: HELD (to be answered), ANSWERED, or SPLIT (its parts are answered instead)
         self.state = HELD
         self.conn = conn
+        #: observers' own data about the batch (None until one sets it); the parts of a split
+        #: batch share it
+        self.notes: dict[str, Any] | None = None
         self._responder = responder
 
     key = property(lambda self: self.origin.key, doc="``origin.key``")
@@ -251,10 +255,11 @@ class MessageBatch:
         """
         if self._responder is not None:
             return self._responder.split_batch(self, index)
-        return self.cut(index)
+        return self._cut(index)
 
-    def cut(self, index: int) -> tuple[MessageBatch, MessageBatch]:
-        """:meth:`split` without the Consumer's bookkeeping (the responder calls this)."""
+    def _cut(self, index: int) -> tuple[MessageBatch, MessageBatch]:
+        """:meth:`split` without the Consumer's bookkeeping (for the Consumer's own use, under
+        its lock or before the batch is handed out)."""
         if self.state != HELD:
             raise ValueError(f"{self!r} was {'split' if self.state == SPLIT else 'answered'}")
         index = max(0, min(index, len(self.starts)))
@@ -263,8 +268,9 @@ class MessageBatch:
         self.state = SPLIT
         return head, tail
 
-    def without(self, indexes: set[int]) -> MessageBatch:
-        """A batch of the messages but those at ``indexes`` (this one is then split)."""
+    def _without(self, indexes: set[int]) -> MessageBatch:
+        """A batch of the messages but those at ``indexes`` (this one is then split); for the
+        Consumer's own use, before the batch is handed out."""
         keep = [i for i in range(len(self.starts)) if i not in indexes]
         part = self._copy(
             [self.starts[i] for i in keep],

@@ -174,7 +174,7 @@ class Handling:
                 continue
             over = {i for i, a in enumerate(attempts) if a > max_tries}
             messages = messages or messages_of(batch, responder)
-            rest = batch.without(over)
+            rest = batch._without(over)
             for i in sorted(over):
                 self._give_up(messages[i])
             if len(rest):

@@ -117,7 +117,7 @@ class Intake:
         while work and room != 0:
             batch = work.popleft()
             if 0 < room < len(batch):
-                batch, rest = batch.cut(room)
+                batch, rest = batch._cut(room)
                 work.appendleft(rest)
             batch.conn.queued -= len(batch)
             taken.append(batch)

@@ -86,6 +86,7 @@ OK_FRAME = _FRAME_HEAD.pack(4 + len(OK), FRAME_TYPE_RESPONSE) + OK
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 _MSG_HEADER = struct.Struct(">qH16s")  # timestamp ns, attempts, id
 _MSG_HEADER_SIZE = _MSG_HEADER.size  # 26
+_MESSAGE_FRAME_MIN = 4 + _MSG_HEADER_SIZE  # a message frame's size: the type, then the header
 _TRACE_REPLY = struct.Struct(">2sQQQI")  # "OK", internal id, trace id, offset, raw size
 _ORDERED_PREFIX = struct.Struct(">QI")  # disk queue offset, raw size
 
@@ -527,6 +528,10 @@ class FrameReader:
                 if left - 4 < size:
                     break
                 if frame_type == FRAME_TYPE_MESSAGE:
+                    if size < _MESSAGE_FRAME_MIN:
+                        raise ProtocolError(
+                            f"message frame of {size - 4} bytes is shorter than its header"
+                        )
                     starts.append(pos + 8)
                     pos += 4 + size
                     ends.append(pos)

@@ -269,8 +269,11 @@ class Responder:
                     continue
                 if action != "touch":
                     batch.state = ANSWERED
-                groups.setdefault(batch.conn, []).append(batch)
-        if skipped:
+                if len(batch):
+                    groups.setdefault(batch.conn, []).append(batch)
+                elif action != "touch":
+                    self.held_batches.discard(batch)  # an empty part: nothing to send
+        if skipped and action != "touch":  # a touch may come after the answer: nothing to do
             logger.warning("%d message batches were answered or split already: skipped", skipped)
         for conn, group in groups.items():
             ids = [i for batch in group for i in batch.ids()]
@@ -301,7 +304,7 @@ class Responder:
     def split_batch(self, batch: MessageBatch, index: int) -> tuple[MessageBatch, MessageBatch]:
         """``batch.split(index)``: the two parts replace it among the batches held."""
         with self._lock:
-            head, tail = batch.cut(index)
+            head, tail = batch._cut(index)
             if batch in self.held_batches:
                 self.held_batches.discard(batch)
                 self.held_batches.update((head, tail))

@@ -111,7 +111,7 @@ def test_split_cut_and_without_hand_the_messages_over_once():
     assert batch.has_responded() and not head.has_responded() and not tail.has_responded()
     with pytest.raises(ValueError, match="split"):
         batch.split(1)
-    kept = tail.without({1, 3})
+    kept = tail._without({1, 3})
     assert kept.bodies() == [b"m2", b"m4"] and not kept.contiguous and tail.has_responded()
     empty, whole = head.split(0)
     assert len(empty) == 0 and whole.bodies() == [b"m0", b"m1"]
@@ -119,3 +119,12 @@ def test_split_cut_and_without_hand_the_messages_over_once():
         whole.finish()
     with pytest.raises(ValueError, match="starts but"):
         MessageBatch(b"", [1], [])
+
+
+def test_a_message_frame_shorter_than_its_header_is_a_protocol_error():
+    short = encode_frame(protocol.FRAME_TYPE_MESSAGE, b"\x00" * 25)
+    reader = FrameReader()
+    with pytest.raises(protocol.ProtocolError, match="shorter than its header"):
+        reader.feed_runs(frames_of([classic(0, b"ok")]) + short)
+    with pytest.raises(protocol.ProtocolError):  # the reader is broken: the connection closes
+        reader.feed_runs(b"")

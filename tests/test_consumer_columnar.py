@@ -113,6 +113,9 @@ def test_a_split_batch_is_answered_by_its_parts_and_nothing_twice(nsqd, columnar
     assert "answered or split already" in caplog.text
     with pytest.raises(ValueError, match="split"):
         big.split(1)
+    # An empty part (a split at 0) answers nothing and sends nothing: the connection stays.
+    empty, tail = tail.split(0)
+    assert len(empty) == 0 and empty.finish() == 0 and empty.has_responded()
     assert consumer.touch_batches([tail, *others]) == 20 - cut
     assert tail.touched_at is not None
     back = consumer.requeue_batches([tail, *others], delay=0, backoff=False)

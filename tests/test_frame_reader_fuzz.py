@@ -36,6 +36,8 @@ def reference_parse(stream: bytes, max_frame_size: int) -> tuple[list[Frame], bo
         (frame_type,) = struct.unpack_from(">i", stream, pos + 4)
         if frame_type not in (0, 1, 2):
             return frames, True
+        if frame_type == 2 and size < 4 + 26:  # a message frame holds its 26-byte header
+            return frames, True
         frames.append(Frame(frame_type, stream[pos + 8 : pos + 4 + size]))
         pos += 4 + size
     return frames, False

@@ -328,3 +328,40 @@ def test_unsampled_spans_record_nothing_but_the_metrics(unsampled, nsqd, consume
     assert unsampled.total(n.PROCESS_DURATION, **{n.ERROR_TYPE: "RuntimeError"}) == 2
     assert unsampled.total(n.CONSUMED_MESSAGES, **{n.OPERATION_NAME: "process"}) == 4
     assert unsampled.total(n.CONSUMED_MESSAGES, **{n.OPERATION_NAME: "receive"}) == 3
+
+
+def test_columnar_batches_are_counted_and_their_split_parts_link_to_the_receive(telemetry, nsqd):
+    node = nsqd.nsqd
+    publish(node, "otel_col", [f"m{i}".encode() for i in range(40)])
+    consumer = Consumer(
+        "otel_col", "c", None, columnar=True, nsqd_tcp_addresses=node.tcp_address, max_in_flight=50
+    )
+    consumer.start()
+    try:
+        batches: list[Any] = []
+        wait_for(
+            lambda: (
+                batches.extend(consumer.take_batches(timeout=0.1)) or sum(map(len, batches)) >= 40
+            ),
+            TIMEOUT,
+        )
+        received = telemetry.spans("receive otel_col")
+        assert sum(s.attributes[n.BATCH_COUNT] for s in received) == 40
+        assert telemetry.total(n.CONSUMED_MESSAGES) == 40
+        receive_ids = {s.context.span_id for s in received}
+        big = max(batches, key=len)
+        head, tail = big.split(len(big) // 2)
+        others = [b for b in batches if b is not big]
+        assert consumer.finish_batches([head]) == len(head)
+        assert consumer.finish_batches([tail, *others]) == 40 - len(head)
+        spans = telemetry.wait_spans("finish otel_col", 2)
+        assert [s.attributes[n.BATCH_COUNT] for s in spans] == [len(head), 40 - len(head)]
+        for span in spans:
+            assert span.attributes[n.OPERATION_TYPE] == "settle"
+            assert link_ids(span) and link_ids(span) <= receive_ids  # the parts keep the link
+        # Nothing is kept per batch by the observer: a batch carries its own receive context.
+        (observer,) = [o for o in consumer._observers.active if hasattr(o, "consume")]
+        assert not observer.consume._taken.get(consumer)
+        wait_drained(node, "otel_col", "c")
+    finally:
+        consumer.stop(5.0)

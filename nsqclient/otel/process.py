@@ -61,6 +61,8 @@ _EVENTS = {
 }
 
 _origin = operator.attrgetter("nsqd_address", "partition")
+#: the key of a batch's receive span context in ``MessageBatch.notes``
+_RECEIVED = "nsqclient.otel.received"
 
 
 class _Open:
@@ -122,9 +124,9 @@ class ConsumeTelemetry:
         self._held: dict[Message, tuple[SpanContext, dict[str, Any], int]] = {}
         #: pull mode, per Consumer: the messages taken and not answered yet, and the context
         #: of the receive span each came in
-        self._taken: weakref.WeakKeyDictionary[
-            Consumer, dict[Message | MessageBatch, SpanContext]
-        ] = weakref.WeakKeyDictionary()
+        self._taken: weakref.WeakKeyDictionary[Consumer, dict[Message, SpanContext]] = (
+            weakref.WeakKeyDictionary()
+        )
         #: (topic, channel, nsqd, partition) -> (span name, metric attributes, span attributes)
         self._process_attributes: dict[tuple[Any, ...], tuple[str, dict, dict]] = {}
 
@@ -210,14 +212,25 @@ class ConsumeTelemetry:
     # ------------------------------------------------------------------ pull mode
 
     def messages_taken(self, consumer: Consumer, messages: Sequence[Message]) -> None:
-        self._taken_items(consumer, messages, Counter(map(_origin, messages)), messages)
+        received = self._taken_items(consumer, Counter(map(_origin, messages)), messages)
+        with self._lock:
+            taken = self._taken.get(consumer)
+            if taken is None:
+                taken = self._taken[consumer] = {}
+            taken.update(dict.fromkeys(messages, received))
+            _bound(taken)
 
     def batches_taken(self, consumer: Consumer, batches: Sequence[MessageBatch]) -> None:
         # A batch's messages are not decoded for their youzan headers: no links to publishers.
         origins: Counter[tuple[str, int | None]] = Counter()
         for batch in batches:
             origins[batch.nsqd_address, batch.partition] += len(batch)
-        self._taken_items(consumer, batches, origins, ())
+        received = self._taken_items(consumer, origins, ())
+        # Kept on the batch (its parts share it, should it be split): nothing to forget here.
+        for batch in batches:
+            if batch.notes is None:
+                batch.notes = {}
+            batch.notes[_RECEIVED] = received
 
     def batches_answered(
         self,
@@ -227,17 +240,18 @@ class ConsumeTelemetry:
         delay: float | None,
         backoff: bool | None,
     ) -> None:
-        self._settle(consumer, batches, action, delay, backoff, sum(map(len, batches)))
+        received = [None if b.notes is None else b.notes.get(_RECEIVED) for b in batches]
+        count = sum(map(len, batches))
+        self._settle(consumer, batches, action, delay, backoff, count, received)
 
     def _taken_items(
         self,
         consumer: Consumer,
-        items: Sequence[Message] | Sequence[MessageBatch],
         origins: Counter[tuple[str, int | None]],
         linked: Sequence[Message],
-    ) -> None:
+    ) -> SpanContext:
         """One receive span for a take (of messages, or of batches), and the count of what
-        was taken per nsqd and partition."""
+        was taken per nsqd and partition; the span's context."""
         self._end_give_up()
         topic = consumer.topic
         base = {
@@ -264,13 +278,6 @@ class ConsumeTelemetry:
                         seen.add((context.trace_id, context.span_id))
                         span.add_link(context)
         span.end()
-        received = span.get_span_context()
-        with self._lock:
-            taken = self._taken.get(consumer)
-            if taken is None:
-                taken = self._taken[consumer] = {}
-            taken.update(dict.fromkeys(items, received))
-            _bound(taken)
         add = self.consumed.add
         for (address, partition), count in origins.items():
             attributes = dict(base)
@@ -278,6 +285,7 @@ class ConsumeTelemetry:
             if partition is not None:
                 attributes[n.PARTITION] = str(partition)
             add(count, attributes)
+        return span.get_span_context()
 
     def _settle(
         self,
@@ -287,18 +295,20 @@ class ConsumeTelemetry:
         delay: float | None,
         backoff: bool | None,
         count: int | None = None,
+        received: list[SpanContext | None] | None = None,
     ) -> None:
         """Pull mode: one span for one answer call, linked to the receive spans of its
-        messages (or batches: ``count`` messages in all)."""
-        with self._lock:
-            taken = self._taken.get(consumer)
-            if taken is None:
-                received = []
-            elif action == "touch":
-                received = [taken.get(m) for m in messages]
-            else:
-                pop = taken.pop
-                received = [pop(m, None) for m in messages]
+        messages (or batches: ``count`` messages in all, ``received`` their receive spans)."""
+        if received is None:  # messages: their receive spans were noted when taken
+            with self._lock:
+                taken = self._taken.get(consumer)
+                if taken is None:
+                    received = []
+                elif action == "touch":
+                    received = [taken.get(m) for m in messages]
+                else:
+                    pop = taken.pop
+                    received = [pop(m, None) for m in messages]
         attributes: dict[str, Any] = {
             n.SYSTEM: n.SYSTEM_NAME,
             n.DESTINATION: consumer.topic,

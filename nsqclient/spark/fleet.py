@@ -122,7 +122,15 @@ class Fleet:
             self._consumers.append(consumer)
 
     def adjust(self) -> None:
-        """Add Consumers if an nsqd announced a lower ``max_rdy_count`` than assumed."""
+        """Add Consumers if an nsqd announced a lower ``max_rdy_count`` than assumed.
+
+        Raises:
+            NSQError: a Consumer stopped for good (say, nsqd refused its subscription): the
+                error it stopped with, rather than what its stopping leaves behind.
+        """
+        for consumer in self.consumers:
+            if consumer.error is not None:
+                raise consumer.error
         counts = [c.max_rdy_count for c in self.connection_counts()]
         if not counts or min(counts) >= self._max_rdy_count:
             return

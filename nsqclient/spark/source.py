@@ -435,12 +435,12 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Messages received since the last batch was cut wait in the Consumers: take them,
             # so that they are touched too when a batch runs for long.
             self._take()
-            due = self._ledger.due_for_touch(time.monotonic(), timeouts, default)
-            if not due:
-                continue
+            # Under the answer lock: nothing due is FINished (or requeued) meanwhile.
             with self._answer_lock:
-                touched = 0 if self._fleet is None else self._fleet.touch(due)
-            logger.debug("touched %d held messages", touched)
+                due = self._ledger.due_for_touch(time.monotonic(), timeouts, default)
+                touched = 0 if self._fleet is None or not due else self._fleet.touch(due)
+            if touched:
+                logger.debug("touched %d held messages", touched)
 
 
 def _never() -> bool:

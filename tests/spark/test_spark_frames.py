@@ -112,7 +112,7 @@ def test_youzan_rows_from_frames(extended, ordered):
 
 def test_a_batch_with_a_message_taken_out_ships_the_others():
     batch = classic_batch([b"m%d" % i for i in range(6)])
-    kept = batch.without({1, 4})
+    kept = batch._without({1, 4})
     assert not kept.contiguous
     parts = frames_of([kept], 2)
     rows = [r for p in parts for r in got_rows(to_rows(p, "t"))]
