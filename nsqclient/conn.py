@@ -656,9 +656,8 @@ class Connection:
         if on_run is not None:
             on_run(self, run)
             return
-        decode = protocol.decode_message_at
+        decode, buf = protocol.decode_message_at, run.buffer
         youzan, extended, ordered = self.config.youzan, self.extended, self.ordered
-        buf = run.buffer
         pairs = zip(run.starts, run.ends, strict=True)
         decoded = [decode(buf, start, end, youzan, extended, ordered) for start, end in pairs]
         on_messages = getattr(delegate, "on_messages", None)
