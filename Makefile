@@ -27,22 +27,29 @@ SPLIT_WRITES_TESTS := tests/test_consumer.py tests/test_consumer_faults.py \
 	tests/test_conn_caller_reads.py tests/test_request_future.py \
 	tests/test_youzan_client.py tests/test_producer_lookup.py tests/test_consumer_columnar.py
 
-# The split-writes pass runs beside the main one (the suite mostly waits on sockets, timers and
-# JVMs: about half a core busy on average); its output follows the main pass's.
+# make test runs three passes side by side (the suite mostly waits on sockets, timers and JVMs:
+# about half a core busy on average): the suite but tests/spark/, the Spark tests (their own
+# JVMs), and the split-writes pass (embedded NSQ only); each one's output follows the first's.
+# With PYTEST_ARGS, only pytest $(PYTEST_ARGS).
 test: $(STAMP)
-	@split=""; log=""; \
+	@if [ -n "$(PYTEST_ARGS)" ]; then exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
+	spark_log=$$(mktemp); split_log=$$(mktemp); split=""; \
+	$(PY) -m pytest -p no:cacheprovider tests/spark >"$$spark_log" 2>&1 & spark=$$!; \
 	if [ -z "$$NSQ_BIN_DIR" ]; then \
-		log=$$(mktemp); \
 		NSQCLIENT_TESTING_SPLIT_WRITES=1 $(PY) -m pytest -q -p no:cacheprovider \
-			$(SPLIT_WRITES_TESTS) >"$$log" 2>&1 & split=$$!; \
+			$(SPLIT_WRITES_TESTS) >"$$split_log" 2>&1 & split=$$!; \
 	fi; \
-	$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
+	$(PY) -m pytest --ignore=tests/spark; status=$$?; \
+	wait $$spark; spark_status=$$?; \
+	echo "== the Spark tests (tests/spark), beside the suite"; cat "$$spark_log"; \
+	if [ $$spark_status -ne 0 ]; then status=$$spark_status; fi; \
 	if [ -n "$$split" ]; then \
 		wait $$split; split_status=$$?; \
 		echo "== again with split writes (NSQCLIENT_TESTING_SPLIT_WRITES=1), beside the suite"; \
-		cat "$$log"; rm -f "$$log"; \
+		cat "$$split_log"; \
 		if [ $$split_status -ne 0 ]; then status=$$split_status; fi; \
 	fi; \
+	rm -f "$$spark_log" "$$split_log"; \
 	exit $$status
 
 # The suite on every other CPython >= 3.11 installed (python3.X on PATH, or pyenv's), each in its
