@@ -31,6 +31,17 @@ def consumers() -> Iterator[Callable[..., Consumer]]:
 
 
 @pytest.fixture
+def pullers(consumers: Callable[..., Consumer]) -> Callable[..., Consumer]:
+    """``make(topic, channel, start=True, **options) -> Consumer`` in pull mode (no handler):
+    :func:`consumers`' Consumers, stopped at teardown like them."""
+
+    def make(topic: str, channel: str, start: bool = True, **options: Any) -> Consumer:
+        return consumers(topic, channel, None, start, **options)
+
+    return make
+
+
+@pytest.fixture
 def connect() -> Iterator[Any]:
     """``connect(address, delegate=None, **options) -> Connection`` (connected); every
     connection made is closed at teardown, even when the test failed."""

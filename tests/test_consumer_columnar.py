@@ -4,9 +4,10 @@ real nsqd with NSQ_BIN_DIR)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,20 +22,10 @@ TIMEOUT = 10.0
 
 
 @pytest.fixture
-def columnar() -> Iterator[Any]:
-    """``make(topic, channel, **options) -> Consumer`` (columnar, started); stopped at
-    teardown."""
-    made: list[Consumer] = []
-
-    def make(topic: str, channel: str, **options: Any) -> Consumer:
-        consumer = Consumer(topic, channel, None, columnar=True, **options)
-        made.append(consumer)
-        consumer.start()
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
+def columnar(pullers: Callable[..., Consumer]) -> Callable[..., Consumer]:
+    """``make(topic, channel, **options) -> Consumer``: a columnar puller (started; stopped at
+    teardown)."""
+    return functools.partial(pullers, columnar=True)
 
 
 def take_n(consumer: Consumer, n: int, max_messages: int | None = None) -> list[MessageBatch]:
@@ -214,7 +205,7 @@ def test_stop_requeues_untaken_and_held_batches(nsqd, columnar, caplog):
         again.stop(5.0)
 
 
-def test_columnar_is_for_pull_mode_and_each_mode_has_its_take(nsqd, columnar, pullers=None):
+def test_columnar_is_for_pull_mode_and_each_mode_has_its_take(nsqd, columnar):
     address = nsqd.nsqd.tcp_address
     with pytest.raises(ValueError, match="pull mode"):
         Consumer("col_bad", "c", lambda m: None, nsqd_tcp_addresses=address, columnar=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -20,24 +18,6 @@ from nsqclient.testing.waiting import wait_for
 
 #: Seconds: the bound of every wait; reached only when something is broken.
 TIMEOUT = 10.0
-
-
-@pytest.fixture
-def pullers() -> Iterator[Any]:
-    """``make(topic, channel, **options) -> Consumer`` in pull mode, started; every one is
-    stopped at teardown."""
-    made: list[Consumer] = []
-
-    def make(topic: str, channel: str, start: bool = True, **options: Any) -> Consumer:
-        consumer = Consumer(topic, channel, None, **options)
-        made.append(consumer)
-        if start:
-            consumer.start()
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
 
 
 def take_n(consumer: Consumer, n: int, max_messages: int | None = None) -> list[Message]:

@@ -39,23 +39,6 @@ def telemetry() -> Iterator[Telemetry]:
     t.shutdown()
 
 
-@pytest.fixture
-def pullers() -> Iterator[Any]:
-    """``make(topic, channel, **options) -> Consumer`` in pull mode, started; every one is
-    stopped at teardown."""
-    made: list[Consumer] = []
-
-    def make(topic: str, channel: str, **options: Any) -> Consumer:
-        consumer = Consumer(topic, channel, None, **options)
-        made.append(consumer)
-        consumer.start()
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
-
-
 def take_n(consumer: Consumer, count: int, max_messages: int | None = None) -> list[Message]:
     """Take until ``count`` messages were taken (TIMEOUT at most)."""
     taken: list[Message] = []
@@ -330,38 +313,34 @@ def test_unsampled_spans_record_nothing_but_the_metrics(unsampled, nsqd, consume
     assert unsampled.total(n.CONSUMED_MESSAGES, **{n.OPERATION_NAME: "receive"}) == 3
 
 
-def test_columnar_batches_are_counted_and_their_split_parts_link_to_the_receive(telemetry, nsqd):
+def test_columnar_batches_are_counted_and_their_split_parts_link_to_the_receive(
+    telemetry, nsqd, pullers
+):
     node = nsqd.nsqd
     publish(node, "otel_col", [f"m{i}".encode() for i in range(40)])
-    consumer = Consumer(
-        "otel_col", "c", None, columnar=True, nsqd_tcp_addresses=node.tcp_address, max_in_flight=50
+    consumer = pullers(
+        "otel_col", "c", columnar=True, nsqd_tcp_addresses=node.tcp_address, max_in_flight=50
     )
-    consumer.start()
-    try:
-        batches: list[Any] = []
-        wait_for(
-            lambda: (
-                batches.extend(consumer.take_batches(timeout=0.1)) or sum(map(len, batches)) >= 40
-            ),
-            TIMEOUT,
-        )
-        received = telemetry.spans("receive otel_col")
-        assert sum(s.attributes[n.BATCH_COUNT] for s in received) == 40
-        assert telemetry.total(n.CONSUMED_MESSAGES) == 40
-        receive_ids = {s.context.span_id for s in received}
-        big = max(batches, key=len)
-        head, tail = big.split(len(big) // 2)
-        others = [b for b in batches if b is not big]
-        assert consumer.finish_batches([head]) == len(head)
-        assert consumer.finish_batches([tail, *others]) == 40 - len(head)
-        spans = telemetry.wait_spans("finish otel_col", 2)
-        assert [s.attributes[n.BATCH_COUNT] for s in spans] == [len(head), 40 - len(head)]
-        for span in spans:
-            assert span.attributes[n.OPERATION_TYPE] == "settle"
-            assert link_ids(span) and link_ids(span) <= receive_ids  # the parts keep the link
-        # Nothing is kept per batch by the observer: a batch carries its own receive context.
-        (observer,) = [o for o in consumer._observers.active if hasattr(o, "consume")]
-        assert not observer.consume._taken.get(consumer)
-        wait_drained(node, "otel_col", "c")
-    finally:
-        consumer.stop(5.0)
+    batches: list[Any] = []
+    wait_for(
+        lambda: batches.extend(consumer.take_batches(timeout=0.1)) or sum(map(len, batches)) >= 40,
+        TIMEOUT,
+    )
+    received = telemetry.spans("receive otel_col")
+    assert sum(s.attributes[n.BATCH_COUNT] for s in received) == 40
+    assert telemetry.total(n.CONSUMED_MESSAGES) == 40
+    receive_ids = {s.context.span_id for s in received}
+    big = max(batches, key=len)
+    head, tail = big.split(len(big) // 2)
+    others = [b for b in batches if b is not big]
+    assert consumer.finish_batches([head]) == len(head)
+    assert consumer.finish_batches([tail, *others]) == 40 - len(head)
+    spans = telemetry.wait_spans("finish otel_col", 2)
+    assert [s.attributes[n.BATCH_COUNT] for s in spans] == [len(head), 40 - len(head)]
+    for span in spans:
+        assert span.attributes[n.OPERATION_TYPE] == "settle"
+        assert link_ids(span) and link_ids(span) <= receive_ids  # the parts keep the link
+    # Nothing is kept per batch by the observer: a batch carries its own receive context.
+    (observer,) = [o for o in consumer._observers.active if hasattr(o, "consume")]
+    assert not observer.consume._taken.get(consumer)
+    wait_drained(node, "otel_col", "c")
