@@ -55,9 +55,10 @@ def publish_numbered(address: str, topic: str, count: int, prefix: str = "m") ->
     return set(bodies)
 
 
-def pids_connected_to(port: int) -> set[int]:
-    """Other processes with an established TCP connection to 127.0.0.1:``port`` (Linux)."""
-    inodes: set[str] = set()
+def socket_owners(remote_port: int) -> dict[int, int]:
+    """``{local port: pid}`` of the other processes' established TCP connections to
+    127.0.0.1:``remote_port`` (Linux /proc)."""
+    by_inode: dict[str, int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -66,27 +67,30 @@ def pids_connected_to(port: int) -> set[int]:
             continue
         for line in lines:
             fields = line.split()
-            remote, state, inode = fields[2], fields[3], fields[9]
-            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
-                inodes.add(inode)
-    pids: set[int] = set()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == remote_port:
+                by_inode[inode] = int(local.rsplit(":", 1)[1], 16)
+    owners: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        fd_dir = f"/proc/{entry}/fd"
         try:
-            fds = os.listdir(fd_dir)
+            fds = os.listdir(f"/proc/{entry}/fd")
         except OSError:
             continue
         for fd in fds:
             try:
-                target = os.readlink(f"{fd_dir}/{fd}")
+                target = os.readlink(f"/proc/{entry}/fd/{fd}")
             except OSError:
                 continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                pids.add(int(entry))
-                break
-    return pids
+            if target.startswith("socket:[") and target[8:-1] in by_inode:
+                owners[by_inode[target[8:-1]]] = int(entry)
+    return owners
+
+
+def pids_connected_to(port: int) -> set[int]:
+    """Other processes with an established TCP connection to 127.0.0.1:``port`` (Linux)."""
+    return set(socket_owners(port).values())
 
 
 def pipeline(

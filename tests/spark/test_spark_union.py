@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 import pytest
-from spark_helpers import channel_stats, publish_numbered
+from spark_helpers import channel_stats, publish_numbered, socket_owners
 
 from nsqclient import NsqdHTTPClient
 from nsqclient.spark.source import SPARK_SOURCE_RUNNER
@@ -64,39 +64,6 @@ def source_runners() -> dict[int, int]:
         for pid in mine
         if SPARK_SOURCE_RUNNER in _proc_argv(pid)
     }
-
-
-def socket_owners(remote_port: int) -> dict[int, int]:
-    """``{local port: pid}`` of the other processes' established TCP connections to
-    127.0.0.1:``remote_port`` (Linux /proc)."""
-    by_inode: dict[str, int] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.readlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == remote_port:
-                by_inode[inode] = int(local.rsplit(":", 1)[1], 16)
-    owners: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{entry}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{entry}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in by_inode:
-                owners[by_inode[target[8:-1]]] = int(entry)
-    return owners
 
 
 def channel_clients(node: Any) -> list[dict[str, Any]]:
