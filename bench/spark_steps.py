@@ -125,23 +125,22 @@ def main(argv: list[str]) -> int:
         return to_record_batch(messages, "t")
 
     table: list[list[str]] = []
-    t, runs = best(args.repeat, split)
+
+    def measure(where: str, name: str, step: Callable[[], Any]) -> Any:
+        """Time ``step`` (best of --repeat), add its row; return its result."""
+        t, result = best(args.repeat, step)
+        table.append([where, name, f"{1e6 * t / n:.3f}"])
+        return result
+
+    runs = measure("driver", "split", split)
     to_rows(frames_of(batches()[:1], 1)[0], "t")  # imports pyarrow.compute first
-    table.append(["driver", "split", f"{1e6 * t / n:.3f}"])
-    t, held = best(args.repeat, batches)
-    table.append(["driver", "batches", f"{1e6 * t / n:.3f}"])
-    t, shipped = best(args.repeat, ship)
-    table.append(["driver", "ship", f"{1e6 * t / n:.3f}"])
-    t, _ = best(args.repeat, fin)
-    table.append(["driver", "fin", f"{1e6 * t / n:.3f}"])
-    t, tables = best(args.repeat, rows)
-    table.append(["executors", "rows", f"{1e6 * t / n:.3f}"])
-    t, _ = best(args.repeat, ipc)
-    table.append(["executors", "ipc", f"{1e6 * t / n:.3f}"])
-    t, messages = best(args.repeat, decode)
-    table.append(["(objects)", "decode", f"{1e6 * t / n:.3f}"])
-    t, _ = best(args.repeat, rows_from_objects)
-    table.append(["(objects)", "rows from objects", f"{1e6 * t / n:.3f}"])
+    held = measure("driver", "batches", batches)
+    shipped = measure("driver", "ship", ship)
+    measure("driver", "fin", fin)
+    tables = measure("executors", "rows", rows)
+    measure("executors", "ipc", ipc)
+    messages = measure("(objects)", "decode", decode)
+    measure("(objects)", "rows from objects", rows_from_objects)
     print(
         f"{n:,} messages of {args.size} B in reads of {args.read:,} B; {common.describe_machine()}"
     )
