@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 MESSAGE_SIZE = 200
 RESULT_MARK = "BENCH-RESULT "
@@ -72,6 +72,98 @@ def proc_status_kib(field: str = "VmRSS") -> int:
 def cpu_seconds() -> float:
     """CPU time (user + system, all threads) this process used so far, in seconds."""
     return time.process_time()  # CLOCK_PROCESS_CPUTIME_ID: finer than os.times()' ticks
+
+
+# ------------------------------------------------------------------------------ /proc (Linux)
+
+
+class ProcStat(NamedTuple):
+    """What ``/proc/<pid>/stat`` says of a process (times in clock ticks)."""
+
+    ppid: int
+    #: utime + stime: its own CPU, all its threads
+    cpu: int
+    #: cutime + cstime: the CPU of its children it waited for
+    children_cpu: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``pid``'s :class:`ProcStat`, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # after "pid (comm)": state, ppid, ... utime (14), stime, cutime, cstime (1-based)
+    return ProcStat(
+        int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+    )
+
+
+def proc_argv(pid: int) -> list[str]:
+    """``pid``'s command line ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def process_table() -> dict[int, ProcStat]:
+    """Every process's :class:`ProcStat`, by pid."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = proc_stat(int(entry))
+            if stat is not None:
+                table[int(entry)] = stat
+    return table
+
+
+def descendants(table: dict[int, ProcStat], roots: Iterable[int]) -> set[int]:
+    """The pids of ``table`` below ``roots`` (children, their children...)."""
+    children: dict[int, list[int]] = {}
+    for pid, stat in table.items():
+        children.setdefault(stat.ppid, []).append(pid)
+    found: set[int] = set()
+    todo = [child for root in roots for child in children.get(root, [])]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def socket_owners(remote_port: int) -> dict[int, int]:
+    """``{local port: pid}`` of the established TCP connections to ``remote_port``."""
+    by_inode: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == remote_port:
+                by_inode[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    owners: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in by_inode:
+                owners[by_inode[target[8:-1]]] = int(entry)
+    return owners
 
 
 # ------------------------------------------------------------------------------ broker

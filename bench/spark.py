@@ -210,25 +210,6 @@ CPU_KINDS = (
 SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 
 
-def _proc_stat(pid: int) -> tuple[int, int, int] | None:
-    """``(ppid, utime + stime, cutime + cstime)`` of ``pid`` in clock ticks, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-    # after "pid (comm)": state, ppid, ... utime (14), stime, cutime, cstime (1-based)
-    return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-
-
-def _proc_argv(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
 def process_kind(pid: int, argv: list[str], bench_pid: int) -> tuple[str, str]:
     """The kind of a process of the run (one of :data:`CPU_KINDS`, or ``""``: not counted) and
     a short name of what it runs."""
@@ -295,24 +276,10 @@ class ProcessCpu:
         self._thread.join(5)
 
     def _pids(self) -> dict[int, tuple[int, int]]:
-        table: dict[int, tuple[int, int, int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                stat = _proc_stat(int(entry))
-                if stat is not None:
-                    table[int(entry)] = stat
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
-        found: dict[int, tuple[int, int]] = {}
-        todo = list(children.get(self.root, [])) + [p for p in self.extra if p in table]
-        while todo:
-            pid = todo.pop()
-            if pid in found or pid not in table:
-                continue
-            found[pid] = table[pid][1:]
-            todo += children.get(pid, [])
-        return found
+        table = common.process_table()
+        extra = [p for p in self.extra if p in table]
+        pids = common.descendants(table, [self.root, *extra]) | set(extra)
+        return {pid: (table[pid].cpu, table[pid].children_cpu) for pid in pids}
 
     def sample(self) -> dict[int, tuple[int, int]]:
         found = self._pids()
@@ -322,7 +289,7 @@ class ProcessCpu:
                 if kind_name is None and pid in self.extra:
                     kind_name = ("nsqd", "nsqd (given by pid: an embedded one is the parent)")
                 if kind_name is None:
-                    kind_name = process_kind(pid, _proc_argv(pid), self.bench_pid)
+                    kind_name = process_kind(pid, common.proc_argv(pid), self.bench_pid)
                     if kind_name[0]:  # known for good (a shell may still exec java)
                         self._kinds[pid] = kind_name
                 self.last[pid] = (*kind_name, own)

@@ -48,75 +48,16 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # ------------------------------------------------------------------------------ /proc
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-
-
 def cpu_ticks(pid: int) -> int | None:
     """utime + stime of ``pid`` (all its threads), in clock ticks."""
-    fields = _stat_fields(pid)
-    return None if fields is None else int(fields[11]) + int(fields[12])
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
+    stat = common.proc_stat(pid)
+    return None if stat is None else stat.cpu
 
 
 def reader_pids() -> set[int]:
     """The source runners descended from this process (its Spark JVM's children)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields is not None:
-                parents[int(entry)] = int(fields[1])
-    mine, todo = set(), [os.getpid()]
-    while todo:
-        parent = todo.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in mine:
-                mine.add(pid)
-                todo.append(pid)
-    return {pid for pid in mine if SOURCE_RUNNER in _argv(pid)}
-
-
-def socket_owners(remote_port: int) -> dict[int, int]:
-    """``{local port: pid}`` of the established TCP connections to ``remote_port``."""
-    by_inode: dict[str, int] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.readlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == remote_port:
-                by_inode[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
-    owners: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{entry}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{entry}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in by_inode:
-                owners[by_inode[target[8:-1]]] = int(entry)
-    return owners
+    mine = common.descendants(common.process_table(), [os.getpid()])
+    return {pid for pid in mine if SOURCE_RUNNER in common.proc_argv(pid)}
 
 
 # ------------------------------------------------------------------------------ the child
@@ -139,7 +80,7 @@ class Snapshot:
     def __init__(self, spec: dict[str, Any], topic: str, readers: set[int]):
         self.at = time.monotonic()
         port = int(spec["nsqd"].rsplit(":", 1)[1])
-        owners = socket_owners(port)
+        owners = common.socket_owners(port)
         ch = common.channel_stats(spec["nsqd_http"], topic, CHANNEL) or {}
         fins: dict[int, int] = {}
         for client in ch.get("clients") or []:
