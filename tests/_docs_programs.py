@@ -13,8 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import requests
-
+from nsqclient.testing import helpers
 from nsqclient.testing.waiting import wait_for
 
 DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
@@ -32,17 +31,8 @@ def code_block(page: str, section: str) -> str:
 
 
 def channel_stats(cluster: Any, topic: str, channel: str) -> dict | None:
-    reply = requests.get(
-        f"{cluster.nsqd.http_url}/stats", params={"format": "json", "topic": topic}, timeout=5
-    )
-    reply.raise_for_status()
-    data = reply.json()
-    data = data.get("data", data)
-    for t in data.get("topics") or []:
-        for c in t.get("channels") or []:
-            if t["topic_name"] == topic and c["channel_name"] == channel:
-                return c
-    return None
+    """The cluster's first nsqd's /stats entry for ``topic``/``channel``, or None."""
+    return helpers.channel_stats(cluster.nsqd, topic, channel)
 
 
 def wait_drained(cluster: Any, topic: str, channel: str, timeout: float) -> None:

@@ -15,13 +15,13 @@ import threading
 from concurrent.futures import Future
 
 import pytest
-import requests
 
 import nsqclient
 from nsqclient import compat
 from nsqclient.config import identify_payload
 from nsqclient.errors import ConnectionClosedError, NSQError, ProtocolError, ServerError
 from nsqclient.producer import Producer
+from nsqclient.testing import helpers
 from nsqclient.testing.waiting import wait_for
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "pynsq_reader.py")
@@ -45,17 +45,7 @@ def publish(cluster, topic, bodies):
 
 
 def channel_stats(cluster, topic, channel):
-    reply = requests.get(
-        f"{cluster.nsqd.http_url}/stats", params={"format": "json", "topic": topic}, timeout=5
-    )
-    reply.raise_for_status()
-    data = reply.json()
-    data = data.get("data", data)
-    for t in data.get("topics") or []:
-        for c in t.get("channels") or []:
-            if t["topic_name"] == topic and c["channel_name"] == channel:
-                return c
-    return None
+    return helpers.channel_stats(cluster.nsqd, topic, channel)
 
 
 def drained(cluster, topic, channel):

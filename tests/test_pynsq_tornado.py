@@ -21,6 +21,7 @@ import threading
 import pytest
 import requests
 
+from nsqclient.testing import helpers
 from nsqclient.testing.waiting import wait_for
 
 pytest.importorskip("tornado", reason="tornado is not installed (bench extra)")
@@ -124,16 +125,7 @@ def topic_count(cluster, topic: str) -> int:
 
 
 def channel_stats(cluster, topic: str, channel: str) -> dict | None:
-    reply = requests.get(
-        f"{cluster.nsqd.http_url}/stats", params={"format": "json", "topic": topic}, timeout=5
-    )
-    data = reply.json()
-    data = data.get("data", data)
-    for t in data.get("topics") or []:
-        for c in t.get("channels") or []:
-            if t["topic_name"] == topic and c["channel_name"] == channel:
-                return c
-    return None
+    return helpers.channel_stats(cluster.nsqd, topic, channel)
 
 
 def publish(cluster, topic: str, bodies: list[bytes]) -> None:
