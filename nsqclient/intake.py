@@ -132,8 +132,10 @@ class Intake:
                 item = self.work.popleft()
             except IndexError:
                 return None
-            conn = item.conn if type(item) is MessageBatch else item._conn
-            conn.queued -= len(item) if type(item) is MessageBatch else 1
+            if type(item) is MessageBatch:
+                item.conn.queued -= len(item)
+            else:
+                item._conn.queued -= 1
             return item
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
-"""The source's row schema, and messages -> Arrow record batch (built on the driver).
+"""The source's row schema, its columns' text forms, and Message objects -> Arrow record batch.
 
-The batch is built a column at a time: one list comprehension per attribute and one Arrow
-conversion per column (about 0.5 µs per message on this machine, where a row at a time took
-3.5 µs), because the driver-side reader builds every row of every micro-batch.
+The source itself builds its rows from nsqd's frames on the executors
+(:mod:`nsqclient.spark.frames`); :func:`to_record_batch` serves code that holds Message
+objects (the benches' made-up rows), a column at a time: one list comprehension per attribute
+and one Arrow conversion per column.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ __all__ = [
     "SCHEMA_DDL",
     "arrow_schema",
     "to_record_batch",
-    "to_ipc",
-    "from_ipc",
     "message_id_text",
     "signed64",
 ]
@@ -125,21 +124,3 @@ def to_record_batch(messages: Sequence[Any], topic: str) -> Any:
         _nullable(trace_ids, pa.int64()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def to_ipc(batch: Any) -> bytes:
-    """``batch`` as an Arrow IPC stream holding only its own rows (a slice's share of the
-    buffers, where pickle would carry all of them)."""
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
-def from_ipc(data: bytes) -> Any:
-    """The record batch :func:`to_ipc` wrote (its buffers point into ``data``: no copy)."""
-    import pyarrow as pa
-
-    return pa.ipc.open_stream(data).read_next_batch()
