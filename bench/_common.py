@@ -166,6 +166,39 @@ def socket_owners(remote_port: int) -> dict[int, int]:
     return owners
 
 
+# ------------------------------------------------------------------------------ Spark
+
+
+def spark_session(master: str, app: str) -> Any:
+    """A SparkSession on ``master`` named ``app`` (UI off, 2 shuffle partitions, no adaptive
+    plans, Python workers running this interpreter) with the ``nsq`` format registered."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    import nsqclient.spark
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.adaptive.enabled", "false")
+    )
+    if not master.startswith("local"):
+        builder = builder.config("spark.executor.memory", "768m").config("spark.cores.max", "2")
+    if os.environ.get("PYTHONPATH"):
+        # The executors' Python workers import what this process imports (e.g. a worktree's
+        # nsqclient before the installed one); local workers inherit it anyway.
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    nsqclient.spark.register(spark)
+    return spark
+
+
 # ------------------------------------------------------------------------------ broker
 
 

@@ -476,34 +476,6 @@ def nsq_to_nsq_case(args: Any, broker: common.Broker, n: int) -> dict[str, Any] 
 # ------------------------------------------------------------------------------ Spark child
 
 
-def spark_session(spec: dict[str, Any]) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    import nsqclient.spark
-
-    builder = (
-        SparkSession.builder.master(spec["master"])
-        .appName("nsqclient-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")
-    )
-    if not spec["master"].startswith("local"):
-        builder = builder.config("spark.executor.memory", "768m").config("spark.cores.max", "2")
-    if os.environ.get("PYTHONPATH"):
-        # The executors' Python workers import what this process imports (e.g. a worktree's
-        # nsqclient before the installed one); local workers inherit it anyway.
-        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    nsqclient.spark.register(spark)
-    return spark
-
-
 def stream_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     n, http, pipe = spec["messages"], spec["nsqd_http"], case["pipe"]
     source, target = case["source"], case["target"]
@@ -855,7 +827,7 @@ def drain_child(spec: dict[str, Any]) -> None:
 
 
 def spark_child(spec: dict[str, Any]) -> None:
-    spark = spark_session(spec)
+    spark = common.spark_session(spec["master"], "nsqclient-bench")
     results = []
     try:
         if spec.get("warmup"):

@@ -91,28 +91,6 @@ class Snapshot:
         self.finished = sum(fins.values())
 
 
-def spark_session(spec: dict[str, Any]) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    import nsqclient.spark
-
-    spark = (
-        SparkSession.builder.master(spec["master"])
-        .appName("nsqclient-bench-union")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    nsqclient.spark.register(spark)
-    return spark
-
-
 def run_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     n, http, topic, k = spec["messages"], spec["nsqd_http"], case["topic"], case["readers"]
     frames = [
@@ -189,7 +167,7 @@ def run_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[str
 
 
 def child_main(spec: dict[str, Any]) -> None:
-    spark = spark_session(spec)
+    spark = common.spark_session(spec["master"], "nsqclient-bench-union")
     results = []
     try:
         for case in spec["cases"]:
