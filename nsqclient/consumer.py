@@ -635,19 +635,16 @@ class Consumer:
         return batches
 
     def _take_items(self, max_messages: int | None, timeout: float, columnar: bool) -> list[Any]:
-        if (
-            not self._intake.work
-            and timeout == 0
-            and max_messages is None
-            and self._pull
-            and self._columnar == columnar
-        ):
-            return []  # nothing to take and no wait: the common poll, answered at once
         if not self._pull:
             raise RuntimeError("take() is for a Consumer made without a handler (handler=None)")
         if self._columnar != columnar:
             use = "take_batches()" if self._columnar else "take()"
             raise RuntimeError(f"this Consumer was made with columnar={self._columnar}: use {use}")
+        # The common poll (nothing to take, no wait) answered at once: a zero int or float
+        # only, which check_float below passes too (False is refused there).
+        zero = type(timeout) in (int, float) and timeout == 0
+        if zero and max_messages is None and not self._intake.work:
+            return []
         if max_messages is not None:
             check_int(max_messages, "max_messages", "messages", min=1)
         check_float(timeout, "timeout", "seconds", min=0)

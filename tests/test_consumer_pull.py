@@ -178,6 +178,8 @@ def test_bad_arguments_fail_at_the_call(nsqd, pullers):
         consumer.take(max_messages=0)
     with pytest.raises(ValueError, match="timeout"):
         consumer.take(timeout=-1)
+    with pytest.raises(TypeError, match="timeout"):
+        consumer.take(timeout=False)  # nothing to take: refused all the same
     with pytest.raises(ValueError, match="delay"):
         consumer.requeue_many([], delay=-1)
 
