@@ -6,9 +6,9 @@ it: the body column becomes Python ``bytes``, is cut into MPUB chunks and publis
 per task, ``max_mpubs_in_flight`` MPUBs in flight, closed at the end).  This script calls that
 function (``nsqclient.spark.sink.publish_batches``) on record batches of ``--batch-rows`` rows of
 200-byte bodies and prints, best of ``--repeat``, this process's CPU per message (all threads)
-for the chunking alone and for the whole write, and nsqd's ``message_count`` to show every
-message arrived.  What a Python worker costs beyond that is pyspark's (Arrow IPC to and from the
-JVM): compare with the "Python workers" column of ``bench/spark.py``.
+of the whole write, and nsqd's ``message_count`` to show every message arrived.  What a Python
+worker costs beyond that is pyspark's (Arrow IPC to and from the JVM): compare with the "Python
+workers" column of ``bench/spark.py``.
 
     NSQ_BIN_DIR=/opt/nsq-bin .venv/bin/python bench/spark_sink.py -n 200000
 """
@@ -29,7 +29,7 @@ def main() -> None:
     import pyarrow as pa
 
     from nsqclient.spark.options import SinkOptions
-    from nsqclient.spark.sink import _bodies, _chunks, publish_batches
+    from nsqclient.spark.sink import publish_batches
 
     n, rows = args.messages, min(args.batch_rows, args.messages)
     body = common.message_body()
@@ -39,23 +39,19 @@ def main() -> None:
         print(f"broker: {broker.description}; {n:,} messages of {len(body)} bytes a write")
         topic = common.fresh_topic("sink", "nsqclient")
         options = SinkOptions.parse({"topic": topic, "nsqd_tcp_addresses": broker.tcp_address})
-        best_chunks = best_write = float("inf")
+        best_write = float("inf")
         for _ in range(args.repeat):
-            c0 = common.cpu_seconds()
-            limits = options.max_messages_per_mpub, options.max_bytes_per_mpub
-            chunked = sum(map(len, _chunks(_bodies(iter(batches)), *limits)))
             c1, t1 = common.cpu_seconds(), time.perf_counter()
             published = publish_batches(options, iter(batches))
             c2, t2 = common.cpu_seconds(), time.perf_counter()
-            if chunked != n or published.messages != n:
-                raise SystemExit(f"chunked {chunked}, published {published.messages} of {n}")
-            best_chunks = min(best_chunks, (c1 - c0) / n)
+            if published.messages != n:
+                raise SystemExit(f"published {published.messages} of {n}")
             best_write = min(best_write, (c2 - c1) / n)
             print(f"  write: {n / (t2 - t1):,.0f} msgs/s, {published.mpubs} MPUBs")
         count = common.topic_message_count(broker.http_address, topic)
         print(f"nsqd holds {count:,} messages of the topic ({n * args.repeat:,} published)")
-        print(f"sink CPU per message, best of {args.repeat}: chunking {best_chunks * 1e6:.2f} us,")
-        print(f"  the whole write (chunking, MPUB framing, socket, acks) {best_write * 1e6:.2f} us")
+        print(f"sink CPU per message, best of {args.repeat}: {best_write * 1e6:.2f} us")
+        print("  (the whole write: bodies out of Arrow, MPUB chunks and framing, socket, acks)")
         if broker.kind == "embedded":
             print(
                 "  (the embedded nsqd runs in this process: its CPU is counted too; use real nsqd)"
