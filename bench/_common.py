@@ -77,6 +77,10 @@ def cpu_seconds() -> float:
 # ------------------------------------------------------------------------------ /proc (Linux)
 
 
+#: clock ticks per second: the unit of /proc's CPU times
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 class ProcStat(NamedTuple):
     """What ``/proc/<pid>/stat`` says of a process (times in clock ticks)."""
 
@@ -243,21 +247,11 @@ def find_listener_pid(tcp_address: str) -> int | None:
     return None
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
 def process_cpu_seconds(pid: int | None) -> float | None:
     """CPU time (user + system, all threads) process ``pid`` used so far, in seconds, from
     ``/proc/<pid>/stat``; None when unknown."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-    # after "pid (comm)": state is field 3, utime 14 and stime 15 (1-based)
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    stat = None if pid is None else proc_stat(pid)
+    return None if stat is None else stat.cpu / CLK_TCK
 
 
 class CpuWindow:

@@ -98,6 +98,8 @@ from typing import Any
 
 import _common as common
 
+from nsqclient.spark.source import SPARK_SOURCE_RUNNER
+
 CHANNEL = "bench"
 MPUB_SIZE = 500
 POLL = 0.02
@@ -193,8 +195,6 @@ def check_target(http: str, target: str, n: int) -> str:
 
 # ------------------------------------------------------------------------------ CPU by process
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
 #: the process kinds of the CPU table, in its order
 CPU_KINDS = (
     "source reader",
@@ -207,7 +207,6 @@ CPU_KINDS = (
     "drainer",
     "cluster daemons",
 )
-SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 
 
 def process_kind(pid: int, argv: list[str], bench_pid: int) -> tuple[str, str]:
@@ -222,8 +221,8 @@ def process_kind(pid: int, argv: list[str], bench_pid: int) -> tuple[str, str]:
         return "nsqd", "nsqd"
     if exe == "nsq_tail" or '"client": "drain"' in argv[-1]:
         return "drainer", "nsq_tail" if exe == "nsq_tail" else "nsqclient pull Consumer"
-    if SOURCE_RUNNER in argv:
-        return "source reader", SOURCE_RUNNER
+    if SPARK_SOURCE_RUNNER in argv:
+        return "source reader", SPARK_SOURCE_RUNNER
     if exe == "java":
         text = " ".join(argv)
         if "org.apache.spark.deploy.SparkSubmit" in text:
@@ -323,7 +322,7 @@ class ProcessCpu:
                 if pid in self.before and pid not in start:
                     continue  # ended before the window
                 base = start[pid][0] if pid in start else 0
-                cpu[kind] = cpu.get(kind, 0.0) + (own - base) / _CLK_TCK
+                cpu[kind] = cpu.get(kind, 0.0) + (own - base) / common.CLK_TCK
                 names.setdefault(kind, set()).add(name)
                 if pid not in end:
                     gone_own += own - base
@@ -333,7 +332,7 @@ class ProcessCpu:
             "cpu_names": {k: sorted(v) for k, v in names.items()},
             "cpu_messages": messages,
             "cpu_seconds": self.window[1] - self.window[0],
-            "cpu_unseen": max(0, reaped - gone_own) / _CLK_TCK,
+            "cpu_unseen": max(0, reaped - gone_own) / common.CLK_TCK,
         }
 
 

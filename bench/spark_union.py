@@ -39,10 +39,10 @@ from typing import Any
 
 import _common as common
 
+from nsqclient.spark.source import SPARK_SOURCE_RUNNER
+
 CHANNEL = "bench"
-SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 POLL = 0.02
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 # ------------------------------------------------------------------------------ /proc
@@ -57,7 +57,7 @@ def cpu_ticks(pid: int) -> int | None:
 def reader_pids() -> set[int]:
     """The source runners descended from this process (its Spark JVM's children)."""
     mine = common.descendants(common.process_table(), [os.getpid()])
-    return {pid for pid in mine if SOURCE_RUNNER in common.proc_argv(pid)}
+    return {pid for pid in mine if SPARK_SOURCE_RUNNER in common.proc_argv(pid)}
 
 
 # ------------------------------------------------------------------------------ the child
@@ -145,10 +145,10 @@ def run_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[str
         ticks0, fin0 = first.readers[pid]
         ticks1, fin1 = last.readers[pid]
         per_reader.append(
-            {"pid": pid, "cpu": (ticks1 - ticks0) / _CLK_TCK, "messages": fin1 - fin0}
+            {"pid": pid, "cpu": (ticks1 - ticks0) / common.CLK_TCK, "messages": fin1 - fin0}
         )
     nsqd_cpu = (
-        (last.nsqd - first.nsqd) / _CLK_TCK
+        (last.nsqd - first.nsqd) / common.CLK_TCK
         if last.nsqd is not None and first.nsqd is not None
         else None
     )
