@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from nsqclient import Consumer, NsqdHTTPClient, Producer
+from nsqclient import Consumer, Producer
+from nsqclient.testing.helpers import channel_stats as channel_stats  # the Spark tests' import
 from nsqclient.testing.waiting import wait_for
 
 
@@ -32,18 +33,6 @@ class Collector:
             interval=0.1,
             message=lambda: f"{len(self.bodies)} of {count} messages arrived",
         )
-
-
-def channel_stats(node: Any, topic: str, channel: str) -> dict[str, Any] | None:
-    """nsqd's /stats entry for ``topic``/``channel`` on ``node`` (None: no such channel)."""
-    with NsqdHTTPClient(node.http_address) as http:
-        data = http.stats(topic, channel, include_clients=False)
-    for t in data.get("topics") or []:
-        if t["topic_name"] == topic:
-            for c in t.get("channels") or []:
-                if c["channel_name"] == channel:
-                    return dict(c)
-    return None
 
 
 def publish_numbered(address: str, topic: str, count: int, prefix: str = "m") -> set[bytes]:

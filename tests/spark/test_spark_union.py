@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from spark_helpers import channel_stats, publish_numbered, socket_owners
 
-from nsqclient import NsqdHTTPClient
 from nsqclient.spark.source import SPARK_SOURCE_RUNNER
 from nsqclient.testing.waiting import wait_for
 
@@ -68,13 +67,8 @@ def source_runners() -> dict[int, int]:
 
 def channel_clients(node: Any) -> list[dict[str, Any]]:
     """nsqd's /stats ``clients`` of ``TOPIC``/``CHANNEL``."""
-    with NsqdHTTPClient(node.http_address) as http:
-        data = http.stats(TOPIC, CHANNEL, include_clients=True)
-    for t in data.get("topics") or []:
-        for c in t.get("channels") or []:
-            if t["topic_name"] == TOPIC and c["channel_name"] == CHANNEL:
-                return list(c.get("clients") or [])
-    return []
+    stats = channel_stats(node, TOPIC, CHANNEL)
+    return list((stats or {}).get("clients") or [])
 
 
 def pids_by_client_id(node: Any) -> dict[str, set[int]]:
