@@ -566,6 +566,16 @@ def run_child(script: str, spec: dict[str, Any], timeout: float) -> dict[str, An
     return result
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL if it is still there after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def emit_result(result: dict[str, Any]) -> None:
     """In a child: hand the result to the parent (one line on stdout)."""
     sys.stdout.write(RESULT_MARK + json.dumps(result) + "\n")

@@ -552,12 +552,7 @@ def run_nsq_to_nsq(
                 timeout=args.stall_timeout,
             )
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            common.stop_process(proc)
     return {
         "relayed": count,
         "failed": 0,

@@ -458,11 +458,7 @@ def nsq_to_nsq_case(args: Any, broker: common.Broker, n: int) -> dict[str, Any] 
             s.wait(max(120.0, n / 200))
             elapsed = time.monotonic() - started
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            common.stop_process(proc)
     common.wait_for(
         "nsq_to_nsq's FINs",
         lambda: finished_count(broker.http_address, source),
@@ -585,10 +581,10 @@ def floor_source() -> Any:
     the file ``go`` exists, and creates ``ready`` when first asked: the ``floor`` case starts
     its drainer and the made-up rows at the same moment, once the query runs."""
     import array
-    import struct
 
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, ReadAllAvailable
 
+    from nsqclient.protocol import FRAME_TYPE_MESSAGE, encode_frame, encode_message
     from nsqclient.spark.rows import SCHEMA_DDL, to_record_batch
     from nsqclient.spark.source import NSQInputPartition
 
@@ -610,7 +606,7 @@ def floor_source() -> Any:
     def framed(count: int) -> tuple[bytes, list[int]]:
         """``count`` messages framed as nsqd sends them, and where each message starts."""
         frames = [
-            struct.pack(">iiqH", 4 + 26 + len(body), 2, m.timestamp, m.attempts) + m.id + body
+            encode_frame(FRAME_TYPE_MESSAGE, encode_message(m.timestamp, m.attempts, m.id, body))
             for m in map(MadeUp, range(count))
         ]
         size = len(frames[0]) if frames else 0
@@ -751,7 +747,7 @@ def floor_case(spark: Any, spec: dict[str, Any], case: dict[str, Any]) -> dict[s
         with fins, rows:
             rows.wait(timeout)
             fins.wait(timeout)
-        stop_process(drainer)
+        common.stop_process(drainer)
     now = time.monotonic()
     end = max(rows.last or now, fins.last or now)
     result = stream_result(query, checkpoint, n / (end - t0), n / (end - started), cpu.result(n))
@@ -791,15 +787,6 @@ def start_drainer(spec: dict[str, Any], case: dict[str, Any], pull: bool) -> tup
         what = f"nsqclient pull Consumer (max_in_flight {mif})"
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, what
-
-
-def stop_process(proc: Any) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 def drain_child(spec: dict[str, Any]) -> None:
