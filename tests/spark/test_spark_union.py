@@ -74,9 +74,12 @@ def channel_clients(node: Any) -> list[dict[str, Any]]:
 def pids_by_client_id(node: Any) -> dict[str, set[int]]:
     """``{client_id: pids}`` of the channel's clients: each connection nsqd lists, by the
     client_id it IDENTIFYed with, mapped to the process whose socket has its remote port."""
+    clients = channel_clients(node)
+    # After the listing: a connection nsqd lists is already in /proc (read first, one made
+    # between the two reads would have no owner)
     owners = socket_owners(node.tcp_port)
     out: dict[str, set[int]] = {}
-    for client in channel_clients(node):
+    for client in clients:
         port = int(str(client["remote_address"]).rsplit(":", 1)[1])
         out.setdefault(client["client_id"], set()).add(owners.get(port, -1))
     return out
@@ -122,7 +125,9 @@ def test_two_unioned_sources_on_one_channel_run_one_reader_process_each(
         alive()
         runners = {p: pp for p, pp in source_runners().items() if p not in stale}
         clients = pids_by_client_id(node)
-        if len(runners) == 2 and set(clients) == set(CLIENT_IDS.values()):
+        # -1: a listed connection with no owner in /proc (closed between the two reads)
+        settled = all(-1 not in pids for pids in clients.values())
+        if len(runners) == 2 and set(clients) == set(CLIENT_IDS.values()) and settled:
             return runners, clients
         return None
 
