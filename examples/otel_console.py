@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         consumer.stop()
 
+    # pub_async's span ends on a thread of its own just after its Future completed: wait for
+    # it, or the provider, shut down first, would drop it.
+    observer = NSQInstrumentor().observer
+    assert observer is not None  # instrumented above
+    observer.flush(timeout=5.0)
     tracer_provider.shutdown()  # prints the spans still in the batch
     meter_provider.shutdown()  # prints the metrics
     NSQInstrumentor().uninstrument()
