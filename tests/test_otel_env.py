@@ -111,6 +111,33 @@ def test_the_console_exporters_print_spans_and_metrics_to_stderr(nsqd):
     assert "messaging.client.operation.duration" in metrics
 
 
+#: a program that exits just after its last pub_async was answered (argv: nsqd address, topic)
+ASYNC_PUBLISHER = textwrap.dedent(
+    """
+    import sys
+    from nsqclient import Producer
+    from nsqclient.otel import configure_from_env
+
+    configure_from_env(service_name="otel-env-test")
+    with Producer(sys.argv[1]) as producer:
+        futures = [producer.pub_async(sys.argv[2], b"m%d" % i) for i in range(50)]
+        for future in futures:
+            future.result(timeout=20)
+    """
+)
+
+
+def test_the_last_async_publishes_spans_are_exported_at_exit(nsqd):
+    # Their spans end on nsq-otel just after their Futures completed; the SDK shuts its global
+    # provider down at exit, and instrument()'s own exit hook runs first and waits for them.
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}
+    result = run(ASYNC_PUBLISHER, env, nsqd.nsqd.tcp_address, "otel_exit")
+    assert result.returncode == 0, result.stderr
+    spans = [o for o in json_objects(result.stderr) if o.get("name") == "publish otel_exit"]
+    assert len(spans) == 50
+    assert all(s["status"]["status_code"] == "UNSET" for s in spans)
+
+
 def test_the_environment_names_the_service_and_may_disable_everything(nsqd):
     env = {
         "OTEL_TRACES_EXPORTER": "console",

@@ -10,6 +10,7 @@ observer makes one empty check per event: not instrumented costs nothing measura
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Collection
 from typing import Any
 
@@ -103,6 +104,12 @@ class NSQInstrumentor(BaseInstrumentor):
         gauges.activate(meter_provider, watched)
         self.observer = observer
         observe.add_observer(observer)  # every client alive is told "attached" now
+        global _flush_registered
+        if not _flush_registered:
+            # atexit runs the last registered first: before the SDK's own shutdown of a provider
+            # made before instrument(), which would drop the spans still to end
+            atexit.register(_flush_at_exit)
+            _flush_registered = True
 
     def _uninstrument(self, **kwargs: Any) -> None:
         observer, self.observer = self.observer, None
@@ -111,6 +118,20 @@ class NSQInstrumentor(BaseInstrumentor):
         observe.remove_observer(observer)
         gauges.activate(None)
         observer.close(timeout=5.0)
+
+
+#: seconds a program's exit waits for the spans of its last asynchronous publishes
+EXIT_FLUSH_TIMEOUT = 5.0
+_flush_registered = False
+
+
+def _flush_at_exit() -> None:
+    """At interpreter exit, end the spans of the asynchronous publishes answered so far (their
+    Futures completed; ``nsq-otel`` ends their spans just after), so that a program that relies
+    on the SDK's own shutdown at exit does not lose its last ``pub_async`` spans."""
+    observer = NSQInstrumentor().observer
+    if observer is not None:
+        observer.flush(EXIT_FLUSH_TIMEOUT)
 
 
 def _duration(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:
