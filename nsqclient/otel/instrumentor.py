@@ -104,12 +104,11 @@ class NSQInstrumentor(BaseInstrumentor):
         gauges.activate(meter_provider, watched)
         self.observer = observer
         observe.add_observer(observer)  # every client alive is told "attached" now
-        global _flush_registered
-        if not _flush_registered:
-            # atexit runs the last registered first: before the SDK's own shutdown of a provider
-            # made before instrument(), which would drop the spans still to end
-            atexit.register(_flush_at_exit)
-            _flush_registered = True
+        # atexit runs the last registered first: moved to the end at every instrument(), the
+        # hook runs before the SDK's shutdown of any provider made before it (which would drop
+        # the spans still to end)
+        atexit.unregister(_flush_at_exit)
+        atexit.register(_flush_at_exit)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         observer, self.observer = self.observer, None
@@ -122,7 +121,6 @@ class NSQInstrumentor(BaseInstrumentor):
 
 #: seconds a program's exit waits for the spans of its last asynchronous publishes
 EXIT_FLUSH_TIMEOUT = 5.0
-_flush_registered = False
 
 
 def _flush_at_exit() -> None:

@@ -147,6 +147,7 @@ def test_tail_sigint_requeues_what_it_did_not_print_and_exits_0(nsqd, cli):
         TIMEOUT,
         message=lambda: f"left in flight: {channel_stats(node, 'cli_int', 'c')}",
     )
+    assert stats["in_flight_count"] == 0  # nothing left waiting for a timeout
     assert len(printed) <= 1  # the line it was writing when the signal came, if any
     assert stats["requeue_count"] == 20 - len(printed)  # the rest: handed back at once
     assert stats["depth"] + len(printed) == total
