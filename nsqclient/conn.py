@@ -1,9 +1,10 @@
 """Connection: one TCP connection to one nsqd.
 
 The handshake (magic, IDENTIFY, TLS/snappy/deflate upgrades, AUTH) runs in the thread that calls
-:meth:`Connection.connect`.  After it, exactly one reader thread reads the socket, and a writer
-thread sends what other threads queue, everything queued in one write (DESIGN.md, rule 1).  One
-exception to rule 1, for latency: a request made while no other request is in flight is written
+:meth:`Connection.connect`.  After it, one thread at a time reads the socket (the reader thread,
+or in caller-reads mode a blocking requester reading its own answer: see :meth:`read_until`),
+and a writer thread sends what other threads queue, everything queued in one write.  One
+shortcut, for latency: a request made while no other request is in flight is written
 by the calling thread itself, under the same send lock the writer holds, so an idle ``pub()``
 costs one thread hand-off instead of two.  Writes stay whole, requests reach nsqd in the order of
 their pending answers, and only one thread at a time is ever inside the transport's write path.
@@ -16,7 +17,11 @@ Any thread may send:
 
 The reader answers heartbeats with NOP itself and hands messages and connection events to a
 delegate.  Delegate callbacks run on the reader thread and must not block; user code never runs
-there (DESIGN.md, rule 2).
+there.
+
+Caller-reads mode needs epoll (Linux): the reader thread is told to sleep through what a
+requester reads by taking the socket out of its epoll set.  Elsewhere a Producer's connection
+is read by its reader thread alone, as every TLS or compressed connection is.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from .errors import (
 )
 from .handshake import open_transport
 from .pending import Pending, expired_error
+from .platforms import HAS_EPOLL
 from .protocol import DecodedMessage, FrameReader
 from .transport import Transport
 
@@ -243,7 +249,8 @@ class Connection:
         transport.set_output_callback(lambda: self._queue.put(b""))
         self._set_state(ConnectionState.CONNECTED)
         assert self._transport is not None
-        self._caller_reads = self._caller_reads and self._transport.plain
+        # Where there is no epoll, the reader thread reads everything (see _claim_reading).
+        self._caller_reads = self._caller_reads and self._transport.plain and HAS_EPOLL
         if self._caller_reads:
             self._epoll = select.epoll()
             self._epoll.register(self._transport.fileno(), select.EPOLLIN | select.EPOLLPRI)

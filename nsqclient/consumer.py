@@ -48,6 +48,7 @@ from .handling import Handling
 from .intake import Intake
 from .message import Message
 from .observe import ObserverSet, tell
+from .platforms import stop_signals
 from .rdy import is_starved
 from .rdy_balancer import ConnectionCounts, ConnInfo, RdyBalancer, conn_views, connection_counts
 from .responder import Responder
@@ -342,7 +343,7 @@ class Consumer:
         without a traceback."""
         installed = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in stop_signals():
                 installed[sig] = signal.signal(sig, self._on_signal)
         try:
             if not self._started:

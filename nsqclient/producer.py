@@ -53,6 +53,7 @@ from .lookup import LookupdPool
 from .observe import ObserverSet, PublishEvent, tell
 from .outer import OuterFutures
 from .partitions import key_bytes
+from .platforms import register_at_fork
 from .pool import Pool
 from .publishes import (
     PublishResult,
@@ -76,7 +77,7 @@ def _reset_after_fork() -> None:
         producer._after_fork()
 
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+register_at_fork(_reset_after_fork)  # nothing to reset where there is no fork
 
 
 def _flush_at_exit() -> None:

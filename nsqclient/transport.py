@@ -41,18 +41,17 @@ after a ``TimeoutError`` in :meth:`recv` it can be called again (nothing read is
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import ssl
 import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
 
 import snappy
 
 from .errors import ProtocolError
+from .platforms import readable_waiter
 
 __all__ = ["Transport", "make_tls_context"]
 
@@ -105,9 +104,10 @@ class Transport:
         self._compress: Callable[[bytes], bytes] | None = None
         self._decompress: Callable[[bytes], bytes] | None = None
         # A duplicate of the socket in non-blocking mode, for recv_nowait() (made on first use),
-        # and a poll object on it for recv_within().
+        # and a waiter on it for recv_within() (see platforms.readable_waiter).
         self._nsock: socket.socket | None = None
-        self._npoll: Any = None  # select.poll, whose type typeshed does not name
+        self._readable: Callable[[float], bool] | None = None
+        self._close_waiter: Callable[[], None] = _nothing
 
     # ----------------------------------------------------------------------------------------
     # Introspection
@@ -191,6 +191,7 @@ class Transport:
             return
         self._closed = True
         self._output_callback = None
+        self._close_waiter()
         for sock in {self._sock, self._wsock, self._nsock or self._sock}:
             try:
                 sock.close()
@@ -231,11 +232,13 @@ class Transport:
             return self._take(max_bytes)
         if self._nsock is None:
             self._nonblocking_socket()
+        readable = self._readable
+        assert readable is not None
         deadline = time.monotonic() + timeout
         while True:
             # Poll first: a requester reads right after sending, before the answer is in.
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._npoll.poll(min(remaining, 3600.0) * 1000):
+            if remaining <= 0 or not readable(min(remaining, 3600.0)):
                 raise TimeoutError(f"no data within {timeout:g} s")
             data = self.recv_nowait(max_bytes)
             if data is not None:
@@ -244,8 +247,7 @@ class Transport:
     def _nonblocking_socket(self) -> socket.socket:
         nsock = self._sock.dup()
         nsock.settimeout(0.0)
-        self._npoll = select.poll()
-        self._npoll.register(nsock.fileno(), select.POLLIN | select.POLLPRI)
+        self._readable, self._close_waiter = readable_waiter(nsock.fileno())
         self._nsock = nsock
         return nsock
 
@@ -675,3 +677,7 @@ def make_tls_context(
         context.load_cert_chain(cert_file, key_file)
     context.options |= getattr(ssl, "OP_NO_RENEGOTIATION", 0)
     return context
+
+
+def _nothing() -> None:
+    pass

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
+from nsqclient import conn as conn_module
 from nsqclient.config import Config
 from nsqclient.conn import Connection, Waiter
 from nsqclient.errors import ConnectionClosedError, NSQTimeoutError, ProtocolError
+from nsqclient.platforms import HAS_EPOLL
 from nsqclient.testing.helpers import message_count, run_together
 from nsqclient.testing.waiting import wait_for
 from nsqclient.transport import Transport
@@ -78,6 +80,7 @@ def readers_of(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
+@pytest.mark.skipif(not HAS_EPOLL, reason="caller-reads mode needs epoll (Linux)")
 def test_an_idle_blocking_publish_reads_its_own_answer(nsqd, monkeypatch):
     node = nsqd.nsqd
     with Producer(node.tcp_address) as p:
@@ -87,6 +90,19 @@ def test_an_idle_blocking_publish_reads_its_own_answer(nsqd, monkeypatch):
             p.pub("cr_own", b"%d" % i)
     assert names and all(name == threading.current_thread().name for name in names), names
     assert message_count(node, "cr_own") == 21
+
+
+def test_without_epoll_the_reader_thread_reads_every_answer(nsqd, monkeypatch):
+    """macOS, the BSDs, Windows: a blocking publish waits for the reader thread's answer."""
+    monkeypatch.setattr(conn_module, "HAS_EPOLL", False)
+    node = nsqd.nsqd
+    with Producer(node.tcp_address) as p:
+        p.pub("cr_no_epoll", b"connect")
+        names = readers_of(monkeypatch)
+        for i in range(20):
+            p.pub("cr_no_epoll", b"%d" % i)
+    assert names and all(name.startswith("nsq-reader-") for name in names), names
+    assert message_count(node, "cr_no_epoll") == 21
 
 
 def test_many_threads_publishing_each_get_their_answer(nsqd):

@@ -26,6 +26,7 @@ from ..consumer import Consumer
 from ..durations import parse_duration
 from ..errors import HTTPError
 from ..http import LookupdClient, TopicNotFoundError
+from ..platforms import stop_signals
 from ..protocol import valid_channel_name, valid_topic_name
 
 __all__ = [
@@ -487,7 +488,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in stop_signals():
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

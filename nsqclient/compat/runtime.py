@@ -9,6 +9,7 @@ import signal
 import threading
 from typing import Any, ClassVar, Protocol, cast
 
+from ..platforms import stop_signals
 from ..tornado_bridge import LoopBridge, current_ioloop, tornado_in_use
 
 __all__ = ["Registered", "RunClient", "RunReader", "registry", "run", "shutdown", "stop"]
@@ -106,7 +107,7 @@ def run(*, tornado: bool | None = None) -> None:
         registry.running = True
     installed = threading.current_thread() is threading.main_thread()
     if installed:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in stop_signals():
             registry.previous_handlers[sig] = signal.signal(sig, _on_signal)
     try:
         if ioloop is not None:

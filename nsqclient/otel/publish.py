@@ -300,4 +300,5 @@ def _reset_after_fork() -> None:
         finisher.reset_after_fork()
 
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -25,6 +25,7 @@ import sys
 import threading
 
 from ..durations import parse_duration
+from ..platforms import stop_signals
 from .cluster import EmbeddedNSQ
 from .scripts import nsqd_main, nsqlookupd_main
 
@@ -183,8 +184,8 @@ def combined_main(argv: list[str]) -> int:
         log.info("signal %d received; exiting", signum)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in stop_signals():
+        signal.signal(signum, on_signal)
     try:
         cluster.start()  # closes what it started when it fails
     except OSError as exc:  # an address in use, or not ours

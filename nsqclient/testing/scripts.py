@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ..platforms import stop_signals
 from .gostyle.flags import (
     Flag,
     FlagError,
@@ -275,8 +276,11 @@ def _parse(prog: str, flags: list[Flag], argv: list[str]) -> dict[str, Any]:
 async def _serve(start: Callable[[], Any], stop: Callable[[], Any]) -> None:
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, done.set)
+    for signum in stop_signals():
+        try:
+            loop.add_signal_handler(signum, done.set)
+        except NotImplementedError:  # Windows' event loops: the plain handler, into the loop
+            signal.signal(signum, lambda _signum, _frame: loop.call_soon_threadsafe(done.set))
     await start()
     try:
         await done.wait()

@@ -1,0 +1,81 @@
+"""What differs between the platforms CPython runs on (Linux, macOS, the BSDs, Windows),
+asked in one place.
+
+Every answer comes from what the running interpreter has (``hasattr``), never from
+``sys.platform``: the suite's simulated macOS and Windows take those functions away, and a
+platform that gains one later gets the faster path by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import selectors
+import signal
+from collections.abc import Callable
+
+__all__ = [
+    "HAS_EPOLL",
+    "can_fork",
+    "readable_waiter",
+    "register_at_fork",
+    "stop_signals",
+]
+
+#: Linux's epoll: a Producer's blocking publish may read its own answer (caller-reads mode).
+HAS_EPOLL = hasattr(select, "epoll")
+
+
+def can_fork() -> bool:
+    """True where ``os.fork()`` exists (not on Windows)."""
+    return hasattr(os, "fork")
+
+
+def register_at_fork(after_in_child: Callable[[], None]) -> bool:
+    """Run ``after_in_child`` in every child forked from now on; False (nothing registered)
+    where the platform cannot fork, so that nothing needs resetting."""
+    register = getattr(os, "register_at_fork", None)
+    if register is None:
+        return False
+    register(after_in_child=after_in_child)
+    return True
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that ask a program to stop: SIGINT (Ctrl-C) and SIGTERM everywhere, and
+    SIGBREAK (Ctrl-Break) where it exists (Windows)."""
+    found = [signal.SIGINT, signal.SIGTERM]
+    sigbreak = getattr(signal, "SIGBREAK", None)
+    if sigbreak is not None:
+        found.append(sigbreak)
+    return tuple(found)
+
+
+def readable_waiter(fileno: int) -> tuple[Callable[[float], bool], Callable[[], None]]:
+    """``(wait, close)`` for a socket's file descriptor: ``wait(seconds)`` blocks until it is
+    readable (True) or ``seconds`` pass (False); ``close()`` frees what ``wait`` used.
+
+    ``select.poll`` where it exists (one system call, no Python-level bookkeeping), the
+    ``selectors`` module's best choice elsewhere (``select()`` on Windows, which takes sockets:
+    that is all this is for)."""
+    poll = getattr(select, "poll", None)
+    if poll is not None:
+        poller = poll()
+        poller.register(fileno, select.POLLIN | select.POLLPRI)
+
+        def wait_poll(seconds: float) -> bool:
+            return bool(poller.poll(seconds * 1000.0))
+
+        return wait_poll, _nothing
+
+    selector = selectors.DefaultSelector()
+    selector.register(fileno, selectors.EVENT_READ)
+
+    def wait_selector(seconds: float) -> bool:
+        return bool(selector.select(seconds))
+
+    return wait_selector, selector.close
+
+
+def _nothing() -> None:
+    pass
