@@ -14,6 +14,7 @@ import argparse
 import codecs
 import logging
 import os
+import queue
 import select
 import signal
 import stat
@@ -58,6 +59,8 @@ logger = logging.getLogger("nsqclient.cli.pub")
 #: 5 MiB by default; a single message over --max-msg-size, 1 MiB by default, fails anyway).
 MAX_BATCH_BYTES = 1024 * 1024
 _READ_SIZE = 64 * 1024
+#: Seconds a read of what the input already holds waits for the reader thread (no select()).
+_HELD_GRACE = 0.2
 #: Bytes of a pipe's rest read at most, without waiting, to count the messages not sent after
 #: a failure or a signal (a pipe's writer may never stop: ``yes | nsqclient pub``).
 _PEEK_BYTES = 1024 * 1024
@@ -189,7 +192,11 @@ class Pacer:
 class _Input:
     """The chunks of ``fd``: read until its end or ``stop`` (checked at least twice a second
     while the input is idle), or after :meth:`no_wait` only what is there already.
-    ``ended`` tells whether the end of the input was read."""
+    ``ended`` tells whether the end of the input was read.
+
+    A regular file is read as it is; other input is waited on with ``select()`` where the
+    platform can select it, else (a pipe or a console on Windows) read by a thread of its own
+    that hands chunks over, so that a signal is still seen while the input is idle."""
 
     def __init__(self, fd: int, stop: threading.Event):
         self.fd = fd
@@ -197,6 +204,8 @@ class _Input:
         self.ended = False
         #: bytes still to read without waiting (None: wait for more)
         self._budget: int | None = None
+        self._chunks: queue.Queue[bytes | BaseException] | None = None
+        self._regular = _is_regular_file(fd)
 
     def no_wait(self, limit: int) -> None:
         """From now on read only what the input already holds, up to ``limit`` bytes, and
@@ -210,23 +219,66 @@ class _Input:
                 return
             if budget is not None and budget <= 0:
                 return
-            try:
-                ready, _, _ = select.select([self.fd], [], [], 0.5 if budget is None else 0.0)
-            except (OSError, ValueError):
-                if budget is not None:
-                    return  # not selectable (rare): reading might block
-                ready = [self.fd]  # read and block
-            if not ready:
+            chunk = self._next(0.5 if budget is None else 0.0)
+            if chunk is None:
                 if budget is None:
                     continue
                 return
-            chunk = os.read(self.fd, _READ_SIZE)
             if not chunk:
                 self.ended = True
                 return
             if self._budget is not None:
                 self._budget -= len(chunk)
             yield chunk
+
+    def _next(self, wait: float) -> bytes | None:
+        """The next chunk, ``b""`` at the end, or None when nothing came within ``wait``
+        seconds."""
+        if self._chunks is not None:
+            return self._from_thread(wait)
+        if not self._regular:
+            try:
+                ready, _, _ = select.select([self.fd], [], [], wait)
+            except (OSError, ValueError):
+                # Not selectable here (Windows selects sockets only): a thread reads instead.
+                self._chunks = _start_reader_thread(self.fd)
+                return self._from_thread(wait)
+            if not ready:
+                return None
+        return os.read(self.fd, _READ_SIZE)
+
+    def _from_thread(self, wait: float) -> bytes | None:
+        assert self._chunks is not None
+        try:
+            # What the input already holds reaches the thread's hands within microseconds;
+            # a short grace tells that from an idle input without a way to peek into it.
+            item = self._chunks.get(timeout=max(wait, _HELD_GRACE))
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+def _start_reader_thread(fd: int) -> queue.Queue[bytes | BaseException]:
+    """Read ``fd`` to its end on a daemon thread, a few chunks ahead at most; the end is
+    ``b""``, a read error the exception.  The thread cannot be joined while it waits for input
+    (a blocking read cannot be interrupted portably): it ends with the input or the process."""
+    chunks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=4)
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(fd, _READ_SIZE)
+            except OSError as exc:
+                chunks.put(exc)
+                return
+            chunks.put(chunk)
+            if not chunk:
+                return
+
+    threading.Thread(target=read, name="nsq-stdin", daemon=True).start()
+    return chunks
 
 
 class Summary:

@@ -36,6 +36,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,9 @@ __all__ = [
 
 logger = logging.getLogger("nsqclient.cli.to_file")
 
+#: nsq_to_file's /tmp on POSIX; Windows has none, so its temporary directory there
+_DEFAULT_OUTPUT_DIR = "/tmp" if os.name == "posix" else tempfile.gettempdir()
+
 #: nsqd's default --msg-timeout, seconds
 _NSQD_MSG_TIMEOUT = 60.0
 #: longest wait of an idle writer for messages, seconds: how soon it sees begin_close() (a
@@ -106,7 +110,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="without --topic: how often to ask nsqlookupd for new topics (default: 1m)",
     )
     p.add_argument(
-        "--output-dir", default="/tmp", help="directory to write files to (default: /tmp)"
+        "--output-dir",
+        default=_DEFAULT_OUTPUT_DIR,
+        help=f"directory to write files to (default: {_DEFAULT_OUTPUT_DIR})",
     )
     p.add_argument(
         "--work-dir",
@@ -207,7 +213,16 @@ def host_identifier(template: str) -> str:
     return template.replace("<SHORT_HOST>", short).replace("<HOSTNAME>", hostname)
 
 
+#: POSIX opens a directory read-only for fsync(); Windows has no O_DIRECTORY and refuses it.
+_CAN_OPEN_DIRECTORIES = hasattr(os, "O_DIRECTORY")
+
+
 def _fsync_dir(path: str) -> None:
+    """Make a directory's new entries durable where the platform can (POSIX: fsync the
+    directory).  Windows opens no directory as a file, and its file system journals names by
+    itself: nothing to do there."""
+    if not _CAN_OPEN_DIRECTORIES:
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -16,6 +16,7 @@ default), and stops them all on :meth:`StandaloneCluster.stop`::
 also makes this process's SparkContext name that interpreter (``PYSPARK_PYTHON``): executors
 run the Python the driver names, not the one in their worker's environment.
 
+It runs on Linux only (:func:`check_platform` refuses any other platform at once, by name).
 It needs Java (``JAVA_HOME`` or ``java`` on the PATH) and imports nothing of pyspark but its
 location (and ``SparkSession``, in :meth:`StandaloneCluster.session_builder`).
 """
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StandaloneCluster", "StandaloneError", "spark_home"]
+__all__ = ["StandaloneCluster", "StandaloneError", "check_platform", "spark_home"]
 
 HOST = "127.0.0.1"
 
@@ -81,6 +82,19 @@ class _Daemon:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def check_platform(platform: str | None = None) -> None:
+    """Raise :class:`StandaloneError` at once off Linux: the cluster's processes are found
+    and killed through process groups and ``/proc``, which only Linux has together.
+    ``platform`` is ``sys.platform`` by default."""
+    platform = sys.platform if platform is None else platform
+    if not platform.startswith("linux"):
+        raise StandaloneError(
+            f"nsqclient.spark.standalone runs Spark clusters for tests on Linux only (it needs "
+            f"/proc and process groups); this is {platform!r}. Start a standalone cluster with "
+            "Spark's own sbin/start-master.sh and sbin/start-worker.sh instead"
+        )
+
+
 class StandaloneCluster:
     """A master and ``workers`` workers (``cores`` cores and ``memory`` each).
 
@@ -106,6 +120,7 @@ class StandaloneCluster:
         work_dir: str | None = None,
         start_timeout: float = 90.0,
     ):
+        check_platform()
         self.workers = workers
         self.cores = cores
         self.memory = memory

@@ -196,7 +196,8 @@ class _Process:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGCONT)  # a frozen one (stall_nsqd) could not exit
+        if hasattr(signal, "SIGCONT"):  # POSIX: a frozen one (stall_nsqd) could not exit
+            proc.send_signal(signal.SIGCONT)
         proc.terminate()
         try:
             proc.wait(timeout=timeout)
@@ -419,12 +420,13 @@ class RealNSQ:
 
     def stall_nsqd(self, i: int) -> None:
         """Freeze nsqd ``i`` (SIGSTOP): the kernel still accepts connections and buffers what
-        is written, nothing is answered."""
-        self._nsqd_process(i).signal(signal.SIGSTOP)
+        is written, nothing is answered.  POSIX only: NotImplementedError where the platform
+        has no SIGSTOP (Windows)."""
+        self._nsqd_process(i).signal(_posix_signal("SIGSTOP", "stall_nsqd"))
 
     def unstall_nsqd(self, i: int) -> None:
         """Resume nsqd ``i`` after :meth:`stall_nsqd` (SIGCONT)."""
-        self._nsqd_process(i).signal(signal.SIGCONT)
+        self._nsqd_process(i).signal(_posix_signal("SIGCONT", "unstall_nsqd"))
 
     def _nsqd_process(self, i: int) -> _Process:
         with self._lock:
@@ -588,3 +590,13 @@ class RealNSQ:
                     + self.log_tail(15)
                 )
             _PAUSE.wait(0.02)
+
+
+def _posix_signal(name: str, control: str) -> int:
+    """The signal ``name``, or NotImplementedError saying which fault ``control`` needs it."""
+    signum = getattr(signal, name, None)
+    if signum is None:
+        raise NotImplementedError(
+            f"{control} needs {name}, which this platform does not have (POSIX only)"
+        )
+    return int(signum)
