@@ -27,14 +27,34 @@ SPLIT_WRITES_TESTS := tests/test_consumer.py tests/test_consumer_faults.py \
 	tests/test_conn_caller_reads.py tests/test_request_future.py \
 	tests/test_youzan_client.py tests/test_producer_lookup.py tests/test_consumer_columnar.py
 
-# make test runs three passes side by side (the suite mostly waits on sockets, timers and JVMs:
+# The simulated platforms (docs/platforms.rst): these tests run once more in processes where what
+# macOS's Python lacks is taken away, and once more where what Windows' lacks is, by
+# tests/simulated/sitecustomize.py (NSQCLIENT_SIMULATE=macos|windows, inherited by every process
+# the tests start).
+SIMULATED_TESTS := tests/test_platforms.py tests/test_consumer.py tests/test_consumer_pull.py \
+	tests/test_consumer_columnar.py tests/test_consumer_faults.py \
+	tests/test_consumer_resilience.py tests/test_producer.py tests/test_producer_async.py \
+	tests/test_producer_delivery.py tests/test_producer_lifecycle.py \
+	tests/test_producer_lookup.py tests/test_producer_wsgi.py tests/test_conn.py \
+	tests/test_conn_caller_reads.py tests/test_conn_writes.py tests/test_request_future.py \
+	tests/test_transport.py tests/test_youzan_client.py tests/test_compat.py \
+	tests/test_pynsq_tornado.py tests/test_embedded_dropin.py tests/test_embedded_standalone.py \
+	tests/test_embedded_nsqd.py tests/test_embedded_lookupd.py tests/test_embedded_youzan.py \
+	tests/test_embedded_protocol_v2.py tests/test_embedded_auth.py tests/test_otel.py \
+	tests/test_otel_pull.py tests/test_otel_env.py tests/cli
+SIMULATE = NSQCLIENT_SIMULATE=$(1) PYTHONPATH=tests/simulated $(PY) -m pytest -q -p no:cacheprovider
+
+# make test runs five passes side by side (the suite mostly waits on sockets, timers and JVMs:
 # about half a core busy on average): the suite but tests/spark/, the Spark tests (their own
-# JVMs), and the split-writes pass (embedded NSQ only); each one's output follows the first's.
-# With PYTEST_ARGS, only pytest $(PYTEST_ARGS).
+# JVMs), the split-writes pass (embedded NSQ only) and the simulated macOS and Windows passes;
+# each one's output follows the first's.  With PYTEST_ARGS, only pytest $(PYTEST_ARGS).
 test: $(STAMP)
 	@if [ -n "$(PYTEST_ARGS)" ]; then exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	spark_log=$$(mktemp); split_log=$$(mktemp); split=""; \
+	macos_log=$$(mktemp); windows_log=$$(mktemp); \
 	$(PY) -m pytest -p no:cacheprovider tests/spark >"$$spark_log" 2>&1 & spark=$$!; \
+	$(call SIMULATE,macos) $(SIMULATED_TESTS) >"$$macos_log" 2>&1 & macos=$$!; \
+	$(call SIMULATE,windows) $(SIMULATED_TESTS) >"$$windows_log" 2>&1 & windows=$$!; \
 	if [ -z "$$NSQ_BIN_DIR" ]; then \
 		NSQCLIENT_TESTING_SPLIT_WRITES=1 $(PY) -m pytest -q -p no:cacheprovider \
 			$(SPLIT_WRITES_TESTS) >"$$split_log" 2>&1 & split=$$!; \
@@ -49,7 +69,15 @@ test: $(STAMP)
 		cat "$$split_log"; \
 		if [ $$split_status -ne 0 ]; then status=$$split_status; fi; \
 	fi; \
-	rm -f "$$spark_log" "$$split_log"; \
+	for platform in macos windows; do \
+		if [ $$platform = macos ]; then pid=$$macos; log=$$macos_log; \
+		else pid=$$windows; log=$$windows_log; fi; \
+		wait $$pid; platform_status=$$?; \
+		echo "== on simulated $$platform (NSQCLIENT_SIMULATE=$$platform), beside the suite"; \
+		cat "$$log"; \
+		if [ $$platform_status -ne 0 ]; then status=$$platform_status; fi; \
+	done; \
+	rm -f "$$spark_log" "$$split_log" "$$macos_log" "$$windows_log"; \
 	exit $$status
 
 # The suite on every other CPython >= 3.11 installed (python3.X on PATH, or pyenv's), each in its

@@ -514,6 +514,7 @@ def test_context_manager_closes_and_joins_threads(nsqd):
         p.pub("p_with", b"y")
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_fork_child_publishes_with_its_own_connection(nsqd, producers):
     node = nsqd.nsqd
     p = producers(node.tcp_address)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import threading
@@ -106,7 +105,7 @@ class CLI:
     def close(self) -> None:
         for running in self.running:
             if running.proc.poll() is None:
-                running.proc.send_signal(signal.SIGKILL)
+                running.proc.kill()
                 running.proc.wait(10)
             for stream in (running.proc.stdin, running.proc.stdout, running.proc.stderr):
                 if stream is not None:
