@@ -87,7 +87,7 @@ class Endpoint:
         self.totals = dict.fromkeys(CUMULATIVE, 0)
         #: a thread is connecting it (see warm)
         self.warming = False
-        #: the current outage was logged at WARNING (publishes failed over to other addresses)
+        #: the current outage's failover was told (publishes went to other addresses)
         self.warned = False
         #: monotonic time of the last failed connection attempt
         self.failed_at = 0.0
@@ -164,8 +164,7 @@ class Endpoint:
             self._failed(exc)
             return None
         if self.down_since is not None:
-            logger.log(
-                logging.WARNING if self.warned else logging.INFO,
+            logger.warning(
                 "nsqd %s is reachable again after %.1fs; %d publishes could not use it meanwhile",
                 self.address,
                 time.monotonic() - self.down_since,
@@ -181,7 +180,10 @@ class Endpoint:
         return conn
 
     def _failed(self, exc: BaseException) -> None:
-        """Record a failed connection attempt; log it once per outage (DEBUG afterwards)."""
+        """Record a failed connection attempt; log it at WARNING once per outage (DEBUG
+        afterwards), whether publishes fail over to another address or raise: a caller that
+        catches the errors, or the nsqd nobody publishes to while another takes its share,
+        must still leave one line in the service's log."""
         self.failures += 1
         self.last_error = exc
         self.failed_at = time.monotonic()
@@ -191,9 +193,7 @@ class Endpoint:
         self.down_until = time.monotonic() + delay
         if self.down_since is None:
             self.down_since = time.monotonic()
-            # INFO: a publish that finds no other nsqd raises this error to its caller (see
-            # warn_failover for the outage nobody is told of).
-            logger.info(
+            logger.warning(
                 "cannot connect to nsqd %s: %s (said once per outage; publishes to it fail"
                 " over or raise until it is back)",
                 self.address,
@@ -221,12 +221,12 @@ class Endpoint:
             f" {max(self.down_until - now, 0.0):.1f}s)"
         )
 
-    def warn_failover(self, used: str) -> None:
-        """Once per outage, at WARNING: publishes meant for this address succeed at ``used``
-        and the others, so no caller hears of its outage."""
+    def tell_failover(self, used: str) -> None:
+        """Once per outage, at INFO: publishes meant for this address succeed at ``used`` and
+        the others (the outage itself was logged at WARNING when it began)."""
         if not self.warned:
             self.warned = True
-            logger.warning(
+            logger.info(
                 "nsqd %s is unreachable (%s); publishes go to %s and the other addresses until"
                 " it is back",
                 self.address,

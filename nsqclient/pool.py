@@ -3,7 +3,7 @@
 A :class:`Pool` holds an :class:`~nsqclient.endpoint.Endpoint` per address: the addresses the
 Producer was given, in order, and those lookup named.  It writes a command on the first
 endpoint that can take it (round robin over the given ones; healthy addresses before those
-waiting out a reconnect delay; a failed-over address is warned of once per outage), sends
+waiting out a reconnect delay; a failed-over address is told of once per outage), sends
 again what nsqd provably did not take, and reads a blocking caller's answer.  It is what
 publishing by lookup writes through (:class:`~nsqclient.bylookup.PublishingPool`).
 """
@@ -210,7 +210,7 @@ class Pool(Mapping[str, Endpoint]):
         took it, goes once more on a fresh connection to the same nsqd, then to the next."""
         if self.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        errors = []
+        errors: list[tuple[str, BaseException | None, str | None]] = []
         #: addresses passed over: not connected yet (connect=False), or unreachable (made only
         #: when there is one: this is every publish's path)
         passed: list[Endpoint] | None = None
@@ -235,7 +235,7 @@ class Pool(Mapping[str, Endpoint]):
                 conn = endpoint.connection(deadline)
             if conn is None:
                 endpoint.skip()
-                errors.append(f"{endpoint.address}: {endpoint.last_error}")
+                errors.append((endpoint.address, endpoint.last_error, None))
                 passed = _passing(passed, endpoint)
                 continue
             future = conn.request(command, make_future(), count)
@@ -254,7 +254,7 @@ class Pool(Mapping[str, Endpoint]):
                 if conn is None or _not_processed(future):
                     _discard(future)
                     errors.append(
-                        f"{endpoint.address}: {endpoint.last_error or failure_of(future)}"
+                        (endpoint.address, endpoint.last_error or failure_of(future), None)
                     )
                     continue
             if isinstance(future, Future):
@@ -263,15 +263,13 @@ class Pool(Mapping[str, Endpoint]):
                 future.conn = conn
             for other in passed or ():
                 if connect:
-                    other.warn_failover(endpoint.address)
+                    other.tell_failover(endpoint.address)
                 else:
                     other.warm()
             return future
         if not connect:
             return None
-        raise ConnectionClosedError(
-            "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
-        )
+        raise _unreachable(errors)
 
     def submit_connecting(
         self,
@@ -293,10 +291,7 @@ class Pool(Mapping[str, Endpoint]):
         if candidates and all(s.live() is None and s.waiting(now) for s in candidates):
             for endpoint in candidates:
                 endpoint.skip()
-            raise ConnectionClosedError(
-                "could not reach any nsqd: " + "; ".join(s.outage(now) for s in candidates),
-                maybe_processed=False,
-            )
+            raise _unreachable([(s.address, s.last_error, s.outage(now)) for s in candidates])
         if now >= deadline:
             raise NSQTimeoutError(
                 f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s);"
@@ -313,6 +308,23 @@ class Pool(Mapping[str, Endpoint]):
                 f" was sent): {exc}",
                 maybe_processed=False,
             ) from exc
+
+
+def _unreachable(
+    errors: list[tuple[str, BaseException | None, str | None]],
+) -> ConnectionClosedError:
+    """The error of a publish that found no nsqd to write to (nothing was sent): ``errors``
+    holds each address tried, its error and, optionally, the text that tells it (default
+    ``"address: error"``); the last error is the cause."""
+    shown = "; ".join(text or f"{address}: {error}" for address, error, text in errors)
+    exc = ConnectionClosedError(
+        "could not reach any nsqd: " + shown,
+        maybe_processed=False,
+        address=", ".join(address for address, _, _ in errors) or None,
+    )
+    if errors:
+        exc.__cause__ = errors[-1][1]
+    return exc
 
 
 def _not_processed(future: Future | Waiter) -> bool:
