@@ -13,8 +13,8 @@ Guarantees, stated plainly:
   connection died while it was in flight) may or may not have been stored; nsqclient does not
   resend it unless ``pub_retries`` > 0, which trades this uncertainty for possible duplicates.
 * A publish queued behind a fatal error on the same connection was provably not processed by nsqd
-  (nsqd handles commands in order and closes right after a fatal error); ``pub()`` resends such
-  publishes by itself.
+  (nsqd handles commands in order and closes right after a fatal error); ``pub()`` and
+  ``pub_async()`` send such publishes again by themselves (asynchronous ones in their order).
 
 :class:`Producer` is the public face of publishing (the calls, observers, flush, close, fork
 and exit); the work is done by collaborators it owns: the :class:`~nsqclient.pool.Pool` of nsqd
@@ -51,7 +51,7 @@ from .errors import (
 )
 from .lookup import LookupdPool
 from .observe import ObserverSet, PublishEvent, tell
-from .outer import OuterFutures
+from .outer import OuterFuture, OuterFutures, ResendableFuture
 from .partitions import key_bytes
 from .pool import Pool
 from .publishes import (
@@ -585,9 +585,10 @@ class Producer:
     def _submit_async(self, command: bytes) -> Future:
         """A classic asynchronous publish: written at once on a ready connection, or handed
         to the backlog (connecting there, within ``pub_timeout``) when none is ready or
-        earlier publishes wait there, so that one caller's publishes keep their order."""
+        earlier publishes wait there, so that one caller's publishes keep their order.  Its
+        Future is a :class:`~nsqclient.outer.ResendableFuture` (see :meth:`_resend`)."""
         if not self._backlog.jobs:
-            future = self._pool.write(command, None, RequestFuture, None, False)
+            future = self._pool.write(command, None, self._resendable(command), None, False)
             if future is not None:
                 if not self._deadlines.running:
                     self._deadlines.ensure()
@@ -595,21 +596,44 @@ class Producer:
         elif self._pool.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         deadline = time.monotonic() + self._pub_timeout
-        outer = self._outers.track(deadline)
-
-        def job() -> None:
-            if not self._outers.may_send(outer):
-                return  # its deadline passed while it waited: failed, nothing sent
-            try:
-                inner = self._pool.submit_connecting(command, None, deadline)
-            except BaseException as exc:
-                self._outers.settle(outer, error=exc)
-                return
-            outer.inner = inner  # for OuterFutures.expire
-            self._outers.chain(inner, outer)
-
-        self._backlog.submit(job)
+        outer = self._outers.track(deadline, command, self._resend)
+        self._backlog.submit(lambda: self._send_outer(outer, command, deadline))
         return outer
+
+    def _resendable(self, command: bytes) -> Callable[[], ResendableFuture]:
+        """The Future maker of :meth:`Pool.write <nsqclient.pool.Pool.write>` for ``command``."""
+        return lambda: ResendableFuture(command, self._resend, self._ledger.note)
+
+    def _send_outer(self, outer: OuterFuture, command: bytes, deadline: float) -> None:
+        """A backlog job: write ``command`` for ``outer`` (connecting until ``deadline``)."""
+        if not self._outers.may_send(outer):
+            return  # its deadline passed while it waited: failed, nothing sent
+        try:
+            inner = self._pool.submit_connecting(command, None, deadline)
+        except BaseException as exc:
+            self._outers.settle(outer, error=exc)
+            return
+        outer.inner = inner  # for OuterFutures.expire
+        self._outers.chain(inner, outer)
+
+    def _resend(self, future: ResendableFuture) -> bool:
+        """Send an asynchronous publish again: nsqd provably did not process it (it was queued
+        behind a publish nsqd refused fatally, and nsqd processes nothing after that).  Runs on
+        the thread failing it (a reader thread): the sending is a backlog job, in the order
+        the connection failed them (the order they were written).  The deadline is
+        ``pub_timeout`` from the first resend (a publish from the backlog keeps its own).
+        False (it fails) once the Producer is closed or the deadline has passed."""
+        command = future.command
+        if self._pool.closed or command is None:
+            return False
+        now = time.monotonic()
+        deadline = future.deadline or now + self._pub_timeout
+        if now >= deadline:
+            return False
+        self._outers.adopt(future, deadline)
+        logger.debug("resending a publish queued behind a fatal error")
+        self._backlog.submit(lambda: self._send_outer(future, command, deadline))
+        return True
 
     def _keep_deadlines(self) -> None:
         self._deadlines.ensure()
