@@ -22,6 +22,7 @@ from .backoff import reconnect_delay
 from .config import Config
 from .conn import Connection
 from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
+from .limits import learn_in_background
 
 __all__ = ["CUMULATIVE", "Endpoint"]
 
@@ -40,6 +41,9 @@ class Endpoint:
         on_request_failed: given to every connection made (see
             :attr:`~nsqclient.conn.Connection.on_request_failed`).
         closed: True once the Producer is closed: no connection is made any more.
+        http_address: the nsqd's HTTP address (``"host:port"``), when known: its size limits
+            are asked there once connected (see :mod:`nsqclient.limits`).
+        on_limits: ``on_limits(address, max_msg_size, max_body_size)`` once nsqd stated them.
     """
 
     __slots__ = (
@@ -56,6 +60,10 @@ class Endpoint:
         "warming",
         "warned",
         "failed_at",
+        "http_address",
+        "limits",
+        "learning",
+        "_on_limits",
         "_config",
         "_on_request_failed",
         "_closed",
@@ -67,8 +75,16 @@ class Endpoint:
         config: Config,
         on_request_failed: Callable[[RequestFuture], None],
         closed: Callable[[], bool],
+        http_address: str | None = None,
+        on_limits: Callable[[str, int, int], None] | None = None,
     ):
         self.address = address
+        self.http_address = http_address
+        #: (max_msg_size, max_body_size) this nsqd stated, once it did
+        self.limits: tuple[int, int] | None = None
+        #: a thread is asking nsqd its limits
+        self.learning = False
+        self._on_limits = on_limits
         self.conn: Connection | None = None
         #: held while a connection is being made (one attempt at a time)
         self.lock = threading.Lock()
@@ -177,7 +193,26 @@ class Endpoint:
         self.skipped = 0
         self.connects += 1
         self.conn = conn
+        if self.http_address is not None and self.limits is None and not self.learning:
+            self._learn_limits()
         return conn
+
+    def _learn_limits(self) -> None:
+        """Ask nsqd its size limits on a thread of its own (once answered, never again)."""
+        self.learning = True
+
+        def learned(address: str, msg: int, body: int) -> None:
+            self.limits = (msg, body)
+            if self._on_limits is not None:
+                self._on_limits(address, msg, body)
+
+        def done(answered: bool) -> None:
+            self.learning = False
+
+        assert self.http_address is not None
+        learn_in_background(
+            self.address, self.http_address, self._config.dial_timeout, learned, done
+        )
 
     def _failed(self, exc: BaseException) -> None:
         """Record a failed connection attempt; log it at WARNING once per outage (DEBUG
@@ -284,5 +319,7 @@ class Endpoint:
             "last_error": repr(self.last_error) if self.last_error else None,
             **self.counters(),
             "connects": self.connects,
+            "max_msg_size": self.limits[0] if self.limits else None,
+            "max_body_size": self.limits[1] if self.limits else None,
             "connection": conn.stats() if conn is not None else None,
         }

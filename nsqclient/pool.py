@@ -41,6 +41,10 @@ class Pool(Mapping[str, Endpoint]):
         on_request_failed: given to every connection (the ledger's ``note``).
         sent: called after a command was written with a deadline (makes sure the deadline
             keeper runs).
+        http_addresses: the HTTP address of each of ``addresses`` (None: unknown), where its
+            size limits are asked once connected.
+        on_limits: ``on_limits(address, max_msg_size, max_body_size)`` when an nsqd stated
+            them (the Producer's :meth:`Limits.learn <nsqclient.limits.Limits.learn>`).
     """
 
     def __init__(
@@ -49,8 +53,11 @@ class Pool(Mapping[str, Endpoint]):
         config: Config,
         on_request_failed: Callable[[RequestFuture], None],
         sent: Callable[[], None],
+        http_addresses: list[str | None] | None = None,
+        on_limits: Callable[[str, int, int], None] | None = None,
     ):
         self.config = config
+        self._on_limits = on_limits
         #: True once the Producer is closed: nothing is written or connected any more
         self.closed = False
         self._on_request_failed = on_request_failed
@@ -58,7 +65,8 @@ class Pool(Mapping[str, Endpoint]):
         self._rr = itertools.count()
         self._lock = threading.Lock()
         #: the endpoints of the given addresses, in order
-        self.given = [self._new_endpoint(a) for a in addresses]
+        https = http_addresses or [None] * len(addresses)
+        self.given = [self._new_endpoint(a, h) for a, h in zip(addresses, https, strict=True)]
         self._by_address = {e.address: e for e in self.given}
 
     # ---------------------------------------------------------------- the endpoints
@@ -72,17 +80,29 @@ class Pool(Mapping[str, Endpoint]):
     def __len__(self) -> int:
         return len(self._by_address)
 
-    def endpoint(self, address: str) -> Endpoint:
-        """The pool's endpoint of ``address`` (made on first use)."""
+    def endpoint(self, address: str, http_address: str | None = None) -> Endpoint:
+        """The pool's endpoint of ``address`` (made on first use); ``http_address``: its
+        HTTP address, when lookup named it."""
         endpoint = self._by_address.get(address)
         if endpoint is None:
             with self._lock:
-                endpoint = self._by_address.setdefault(address, self._new_endpoint(address))
+                endpoint = self._by_address.setdefault(
+                    address, self._new_endpoint(address, http_address)
+                )
+        if endpoint.http_address is None and http_address is not None:
+            endpoint.http_address = http_address
         return endpoint
 
-    def _new_endpoint(self, address: str) -> Endpoint:
+    def _new_endpoint(self, address: str, http_address: str | None = None) -> Endpoint:
         """A new endpoint of the pool (see :meth:`endpoint` for the one of an address)."""
-        return Endpoint(address, self.config, self._on_request_failed, self._is_closed)
+        return Endpoint(
+            address,
+            self.config,
+            self._on_request_failed,
+            self._is_closed,
+            http_address,
+            self._on_limits,
+        )
 
     def _is_closed(self) -> bool:
         return self.closed
