@@ -63,6 +63,7 @@ class Endpoint:
         "http_address",
         "limits",
         "learning",
+        "learner",
         "_on_limits",
         "_config",
         "_on_request_failed",
@@ -84,6 +85,8 @@ class Endpoint:
         self.limits: tuple[int, int] | None = None
         #: a thread is asking nsqd its limits
         self.learning = False
+        #: the thread asking it (joined on close)
+        self.learner: threading.Thread | None = None
         self._on_limits = on_limits
         self.conn: Connection | None = None
         #: held while a connection is being made (one attempt at a time)
@@ -210,7 +213,7 @@ class Endpoint:
             self.learning = False
 
         assert self.http_address is not None
-        learn_in_background(
+        self.learner = learn_in_background(
             self.address, self.http_address, self._config.dial_timeout, learned, done
         )
 
@@ -291,6 +294,9 @@ class Endpoint:
                 self.retire(conn)
         if conn is not None and conn.pid == os.getpid():
             conn.close(max(timeout, 0.0))
+        learner = self.learner
+        if learner is not None and learner is not threading.current_thread():
+            learner.join(max(timeout, 0.0))
 
     # ---------------------------------------------------------------- counters
 

@@ -120,10 +120,11 @@ def learn_in_background(
     timeout: float,
     learned: Callable[[str, int, int], None],
     done: Callable[[bool], None],
-) -> None:
+) -> threading.Thread:
     """Ask nsqd ``address`` its limits at ``http_address`` on a thread of its own,
-    ``nsq-limits-<address>``; ``learned(address, max_msg_size, max_body_size)`` when it
-    answers, then ``done(answered)`` in any case."""
+    ``nsq-limits-<address>`` (returned; it ends within twice ``timeout``);
+    ``learned(address, max_msg_size, max_body_size)`` when it answers, then
+    ``done(answered)`` in any case."""
 
     def run() -> None:
         answered = False
@@ -143,4 +144,6 @@ def learn_in_background(
         finally:
             done(answered)
 
-    threading.Thread(target=run, name=f"nsq-limits-{address}", daemon=True).start()
+    thread = threading.Thread(target=run, name=f"nsq-limits-{address}", daemon=True)
+    thread.start()
+    return thread
