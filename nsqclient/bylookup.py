@@ -66,8 +66,9 @@ class PublishingPool(Protocol):
         """True once the Producer is closed: nothing is retried any more."""
         ...
 
-    def endpoint(self, address: str) -> Endpoint:
-        """The pool's endpoint of ``address`` (made on first use)."""
+    def endpoint(self, address: str, http_address: str | None = None) -> Endpoint:
+        """The pool's endpoint of ``address`` (made on first use); ``http_address``: its
+        HTTP address, when lookup named it (where its size limits are asked)."""
         ...
 
     def publish_on(
@@ -214,12 +215,13 @@ class LookupPublisher:
             return partition, None
         p, address = router.choose(topic, partition, key)
         endpoint = self.pool.endpoint
-        if p is not None:
-            return p, [endpoint(address)]
-        # classic topic: the chosen nsqd first, the others it is on to fail over to
         route = router.route(topic)
-        others = [endpoint(a) for a in route.nsqd if a != address]
-        return None, [endpoint(address), *others]
+        http = route.http
+        if p is not None:
+            return p, [endpoint(address, http.get(address))]
+        # classic topic: the chosen nsqd first, the others it is on to fail over to
+        others = [endpoint(a, http.get(a)) for a in route.nsqd if a != address]
+        return None, [endpoint(address, http.get(address)), *others]
 
     def publish(
         self,

@@ -351,6 +351,29 @@ OPTIONS: dict[str, Option] = {
             owner="Producer",
         ),
         Option(
+            "max_msg_size",
+            1024 * 1024,
+            int,
+            "bytes: a PUB/DPUB body or one message of an MPUB above this raises BadMessageError"
+            " at the call, nothing sent (nsqd's --max-msg-size; nsqd's own value, read from its"
+            " HTTP API where the Producer knows it, is used when this is not given and also"
+            " enforced when lower)",
+            1,
+            None,
+            owner="Producer",
+        ),
+        Option(
+            "max_body_size",
+            5 * 1024 * 1024,
+            int,
+            "bytes: an MPUB whose body (4 + 4 per message + the messages) is above this raises"
+            " BadBodyError at the call, nothing sent (nsqd's --max-body-size; learned from nsqd"
+            " as max_msg_size is)",
+            1,
+            None,
+            owner="Producer",
+        ),
+        Option(
             "exit_flush_timeout",
             5.0,
             float,
@@ -493,6 +516,8 @@ class Config:
     max_reconnect_interval: float
     pub_timeout: float
     pub_retries: int
+    max_msg_size: int
+    max_body_size: int
     exit_flush_timeout: float
 
     __slots__ = tuple(OPTIONS)

@@ -364,7 +364,7 @@ class Connection:
             self._fail_request(
                 future,
                 ConnectionClosedError(
-                    f"connection to {self.address} is {self.state.value}", maybe_processed=False
+                    f"connection to {self.address} is {self.state.value}", False, self.address
                 ),
             )
             return future
@@ -724,7 +724,8 @@ class Connection:
                 exc = ConnectionClosedError(
                     f"connection to {self.address} closed before nsqd answered"
                     + (f": {reason}" if reason else ""),
-                    maybe_processed=not after_fatal,
+                    not after_fatal,
+                    self.address,
                 )
                 exc.__cause__ = reason
                 self._fail_request(future, exc)

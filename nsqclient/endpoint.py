@@ -22,6 +22,7 @@ from .backoff import reconnect_delay
 from .config import Config
 from .conn import Connection
 from .errors import ConnectionClosedError, NSQError, NSQTimeoutError
+from .limits import learn_in_background
 
 __all__ = ["CUMULATIVE", "Endpoint"]
 
@@ -40,6 +41,9 @@ class Endpoint:
         on_request_failed: given to every connection made (see
             :attr:`~nsqclient.conn.Connection.on_request_failed`).
         closed: True once the Producer is closed: no connection is made any more.
+        http_address: the nsqd's HTTP address (``"host:port"``), when known: its size limits
+            are asked there once connected (see :mod:`nsqclient.limits`).
+        on_limits: ``on_limits(address, max_msg_size, max_body_size)`` once nsqd stated them.
     """
 
     __slots__ = (
@@ -56,6 +60,11 @@ class Endpoint:
         "warming",
         "warned",
         "failed_at",
+        "http_address",
+        "limits",
+        "learning",
+        "learner",
+        "_on_limits",
         "_config",
         "_on_request_failed",
         "_closed",
@@ -67,8 +76,18 @@ class Endpoint:
         config: Config,
         on_request_failed: Callable[[RequestFuture], None],
         closed: Callable[[], bool],
+        http_address: str | None = None,
+        on_limits: Callable[[str, int, int], None] | None = None,
     ):
         self.address = address
+        self.http_address = http_address
+        #: (max_msg_size, max_body_size) this nsqd stated, once it did
+        self.limits: tuple[int, int] | None = None
+        #: a thread is asking nsqd its limits
+        self.learning = False
+        #: the thread asking it (joined on close)
+        self.learner: threading.Thread | None = None
+        self._on_limits = on_limits
         self.conn: Connection | None = None
         #: held while a connection is being made (one attempt at a time)
         self.lock = threading.Lock()
@@ -87,7 +106,7 @@ class Endpoint:
         self.totals = dict.fromkeys(CUMULATIVE, 0)
         #: a thread is connecting it (see warm)
         self.warming = False
-        #: the current outage was logged at WARNING (publishes failed over to other addresses)
+        #: the current outage's failover was told (publishes went to other addresses)
         self.warned = False
         #: monotonic time of the last failed connection attempt
         self.failed_at = 0.0
@@ -164,8 +183,7 @@ class Endpoint:
             self._failed(exc)
             return None
         if self.down_since is not None:
-            logger.log(
-                logging.WARNING if self.warned else logging.INFO,
+            logger.warning(
                 "nsqd %s is reachable again after %.1fs; %d publishes could not use it meanwhile",
                 self.address,
                 time.monotonic() - self.down_since,
@@ -178,10 +196,32 @@ class Endpoint:
         self.skipped = 0
         self.connects += 1
         self.conn = conn
+        if self.http_address is not None and self.limits is None and not self.learning:
+            self._learn_limits()
         return conn
 
+    def _learn_limits(self) -> None:
+        """Ask nsqd its size limits on a thread of its own (once answered, never again)."""
+        self.learning = True
+
+        def learned(address: str, msg: int, body: int) -> None:
+            self.limits = (msg, body)
+            if self._on_limits is not None:
+                self._on_limits(address, msg, body)
+
+        def done(answered: bool) -> None:
+            self.learning = False
+
+        assert self.http_address is not None
+        self.learner = learn_in_background(
+            self.address, self.http_address, self._config.dial_timeout, learned, done
+        )
+
     def _failed(self, exc: BaseException) -> None:
-        """Record a failed connection attempt; log it once per outage (DEBUG afterwards)."""
+        """Record a failed connection attempt; log it at WARNING once per outage (DEBUG
+        afterwards), whether publishes fail over to another address or raise: a caller that
+        catches the errors, or the nsqd nobody publishes to while another takes its share,
+        must still leave one line in the service's log."""
         self.failures += 1
         self.last_error = exc
         self.failed_at = time.monotonic()
@@ -191,9 +231,7 @@ class Endpoint:
         self.down_until = time.monotonic() + delay
         if self.down_since is None:
             self.down_since = time.monotonic()
-            # INFO: a publish that finds no other nsqd raises this error to its caller (see
-            # warn_failover for the outage nobody is told of).
-            logger.info(
+            logger.warning(
                 "cannot connect to nsqd %s: %s (said once per outage; publishes to it fail"
                 " over or raise until it is back)",
                 self.address,
@@ -221,12 +259,12 @@ class Endpoint:
             f" {max(self.down_until - now, 0.0):.1f}s)"
         )
 
-    def warn_failover(self, used: str) -> None:
-        """Once per outage, at WARNING: publishes meant for this address succeed at ``used``
-        and the others, so no caller hears of its outage."""
+    def tell_failover(self, used: str) -> None:
+        """Once per outage, at INFO: publishes meant for this address succeed at ``used`` and
+        the others (the outage itself was logged at WARNING when it began)."""
         if not self.warned:
             self.warned = True
-            logger.warning(
+            logger.info(
                 "nsqd %s is unreachable (%s); publishes go to %s and the other addresses until"
                 " it is back",
                 self.address,
@@ -256,6 +294,9 @@ class Endpoint:
                 self.retire(conn)
         if conn is not None and conn.pid == os.getpid():
             conn.close(max(timeout, 0.0))
+        learner = self.learner
+        if learner is not None and learner is not threading.current_thread():
+            learner.join(max(timeout, 0.0))
 
     # ---------------------------------------------------------------- counters
 
@@ -284,5 +325,7 @@ class Endpoint:
             "last_error": repr(self.last_error) if self.last_error else None,
             **self.counters(),
             "connects": self.connects,
+            "max_msg_size": self.limits[0] if self.limits else None,
+            "max_body_size": self.limits[1] if self.limits else None,
             "connection": conn.stats() if conn is not None else None,
         }

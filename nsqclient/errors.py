@@ -79,14 +79,17 @@ class ConnectionClosedError(NSQError):
     ``maybe_processed`` is True when nsqd may have acted on the request before the connection
     died (the outcome is unknown), False when it provably did not (nothing was sent, or the
     request was queued behind a fatal error, after which nsqd processes nothing more).
+    ``address`` is the nsqd (``"host:port"``, several joined by ``", "``) when one is known;
+    ``__cause__`` is what closed it (nsqd's error, the socket's), when known.
     """
 
-    def __init__(self, message: str = "", maybe_processed: bool = True):
+    def __init__(self, message: str = "", maybe_processed: bool = True, address: str | None = None):
         super().__init__(message)
         self.maybe_processed = maybe_processed
+        self.address = address
 
     def __reduce__(self):
-        return (type(self), (str(self), self.maybe_processed))
+        return (type(self), (str(self), self.maybe_processed, self.address))
 
 
 class NSQTimeoutError(NSQError, TimeoutError):
@@ -94,15 +97,17 @@ class NSQTimeoutError(NSQError, TimeoutError):
 
     For a publish, ``maybe_processed`` says whether nsqd may have stored it: True when it was
     written and no answer came in time (the outcome is unknown), False when it was never written
-    (no connection in time, or still queued behind a write nsqd did not take).
+    (no connection in time, or still queued behind a write nsqd did not take).  ``address``
+    is the nsqd (``"host:port"``) when one is known.
     """
 
-    def __init__(self, message: str = "", maybe_processed: bool = True):
+    def __init__(self, message: str = "", maybe_processed: bool = True, address: str | None = None):
         super().__init__(message)
         self.maybe_processed = maybe_processed
+        self.address = address
 
     def __reduce__(self):
-        return (type(self), (str(self), self.maybe_processed))
+        return (type(self), (str(self), self.maybe_processed, self.address))
 
 
 class UndeliveredError(NSQError):

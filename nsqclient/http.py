@@ -138,6 +138,16 @@ def producer_address(p: Mapping[str, Any]) -> str:
     return _join_host_port(host, port)
 
 
+def producer_http_address(p: Mapping[str, Any]) -> str | None:
+    """The ``"host:http_port"`` of one producer entry of a lookup reply (as
+    :func:`producer_address`), or None when the entry names no valid HTTP port."""
+    host = p.get("broadcast_address") or p.get("address") if isinstance(p, Mapping) else None
+    port = _port(p.get("http_port")) if host else None
+    if not host or not is_int(port) or not 0 < port < 65536:
+        return None
+    return _join_host_port(host, port)
+
+
 def _normalise_producer(p: Any) -> Any:
     """A copy of a producer entry with ``broadcast_address`` filled in and ports as ints."""
     if not isinstance(p, dict):
@@ -451,6 +461,14 @@ class NsqdHTTPClient(_Client):
         """``GET /info``: version, broadcast_address, hostname, tcp_port, http_port,
         start_time (unix seconds), and limits; durations there are Go NANOSECONDS."""
         return self._info(timeout)
+
+    def config(self, option: str, *, timeout: float | None = None) -> Any:
+        """``GET /config/<option>``: the value of one nsqd option, as JSON (``max_msg_size``
+        -> ``1048576``; durations in Go nanoseconds); HTTPError 400 ``INVALID_OPTION`` for a
+        name nsqd does not know."""
+        if not option or not option.replace("_", "").isalnum():
+            raise ValueError(f"config: not an nsqd option name: {option!r}")
+        return self._json(f"/config/{option}", timeout=timeout)
 
     # -- topics ----------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The Futures a Producer hands out before their publish is on a connection.
+"""The Futures a Producer hands out before their publish is on a connection, or while it is
+sent again.
 
 An asynchronous publish that cannot be written at once (it waits in the backlog for a
 connection or a lookup, or for youzan's retry after a stale route) gets an *outer* Future at
@@ -7,6 +8,12 @@ the outer one follows.  :class:`OuterFutures` keeps the outer ones until they ar
 ``flush()`` and ``close()`` wait for them, each fails with NSQTimeoutError at its deadline
 (:meth:`OuterFutures.expire`, called by the deadline keeper), and the send gate makes sure a
 publish whose outer Future already failed saying "nothing was sent" is never sent.
+
+A classic asynchronous publish's Future is a :class:`ResendableFuture`: it keeps its command
+until nsqd answers, and when the publish fails in a way that proves nsqd did not process it (it
+was queued behind a publish nsqd refused fatally: nsqd answers in order and closes the
+connection after a fatal error), it is not failed but handed back to its Producer to be sent
+again, becoming an outer Future (:meth:`OuterFutures.adopt`) until that answer.
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ from typing import Any
 
 from .answers import RequestFuture
 from .conn import Connection
-from .errors import NSQTimeoutError
+from .errors import ConnectionClosedError, NSQTimeoutError, ServerError
 
-__all__ = ["OuterFuture", "OuterFutures"]
+__all__ = ["OuterFuture", "OuterFutures", "ResendableFuture"]
 
 
 class OuterFuture(RequestFuture):
@@ -42,6 +49,47 @@ class OuterFuture(RequestFuture):
     def __init__(self, deadline: float, on_failure: Callable[[RequestFuture], None]):
         super().__init__(on_failure)
         self.deadline = deadline
+
+
+class ResendableFuture(OuterFuture):
+    """The Future of a classic asynchronous publish, written at once or from the backlog, that
+    is sent again when nsqd provably did not process it.
+
+    Args:
+        command: the publish as written (kept until the Future is done).
+        resend: ``resend(future) -> bool``, called on the thread that fails the Future with a
+            ConnectionClosedError whose ``maybe_processed`` is False and whose cause is nsqd's
+            error (the connection closed after a fatal error, with this publish queued behind
+            it; a reader thread: it must not block): True when the publish will be sent again
+            (the Future stays running and follows that attempt), False to let it fail.
+        on_failure: as :class:`~nsqclient.answers.RequestFuture`'s.
+        deadline: ``time.monotonic()`` by which it ends, once known (0: from its first resend).
+    """
+
+    def __init__(
+        self,
+        command: bytes,
+        resend: Callable[[ResendableFuture], bool],
+        on_failure: Callable[[RequestFuture], None],
+        deadline: float = 0.0,
+    ):
+        RequestFuture.__init__(self, on_failure)  # OuterFuture's, without a call more
+        self.deadline = deadline
+        self.command: bytes | None = command
+        self._resend = resend
+
+    def _finish(self, result: Any, exception: BaseException | None) -> None:
+        if (
+            exception is not None
+            and type(exception) is ConnectionClosedError
+            and not exception.maybe_processed
+            and isinstance(exception.__cause__, ServerError)  # nsqd's fatal error, before it
+            and self.command is not None
+            and self._resend(self)
+        ):
+            return  # sent again: this Future follows the new attempt
+        self.command = None
+        super()._finish(result, exception)
 
 
 class OuterFutures:
@@ -71,17 +119,39 @@ class OuterFutures:
         #: taken by a backlogged publish before it is sent, and by its expiry (see may_send)
         self._send_gate = threading.RLock()
 
-    def track(self, deadline: float) -> OuterFuture:
+    def track(
+        self,
+        deadline: float,
+        command: bytes | None = None,
+        resend: Callable[[ResendableFuture], bool] | None = None,
+    ) -> OuterFuture:
         """A running Future handed to a pub_async caller before its publish is written: flush()
         and close() wait for it until it is done, it fails with NSQTimeoutError at
         ``deadline`` (a ``time.monotonic()``; see expire), and it goes to ``on_failure``
-        when it fails unseen."""
-        outer = OuterFuture(deadline, self._on_failure)
+        when it fails unseen.  With ``command`` and ``resend``: a :class:`ResendableFuture`."""
+        outer: OuterFuture
+        if resend is not None and command is not None:
+            outer = ResendableFuture(command, resend, self._on_failure, deadline)
+        else:
+            outer = OuterFuture(deadline, self._on_failure)
         with self._lock:
             self._outers.add(outer)
         outer.watch(self.forget)
         self._started()
         return outer
+
+    def adopt(self, outer: OuterFuture, deadline: float) -> None:
+        """Keep ``outer``, already handed out, as :meth:`track` keeps a new one: its publish
+        is to be sent again, by ``deadline`` (a ``time.monotonic()``)."""
+        outer.deadline = deadline
+        outer.sent = False
+        outer.inner = None
+        with self._lock:
+            if outer in self._outers:
+                return
+            self._outers.add(outer)
+        outer.watch(self.forget)
+        self._started()
 
     def forget(self, outer: Future) -> None:
         """Stop keeping ``outer`` (done, or never handed out after all)."""

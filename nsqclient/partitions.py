@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .checks import check_int
-from .http import producer_address
+from .http import producer_address, producer_http_address
 
 __all__ = [
     "TopicRoute",
@@ -99,6 +99,7 @@ class TopicRoute:
         ordered: youzan's ``orderedmulti``: consume with ``ordered=True``, publish with a
             partition or key.
         extend_support: the topic takes ``PUB_EXT`` headers.
+        http: ``"host:tcp_port"`` -> ``"host:http_port"`` of the nsqd lookup named with one.
     """
 
     topic: str
@@ -107,6 +108,7 @@ class TopicRoute:
     partition_num: int = 0
     ordered: bool = False
     extend_support: bool = False
+    http: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def partitioned(self) -> bool:
@@ -131,13 +133,18 @@ def route_from_lookup(topic: str, result: Mapping[str, Any]) -> TopicRoute:
     Raises ValueError for a partition key that is not a number or a producer entry without
     an address."""
     leaders: dict[int, str] = {}
+    http: dict[str, str] = {}
     for key, producer in (result.get("partitions") or {}).items():
         try:
             partition = int(key)
         except (TypeError, ValueError):
             raise ValueError(f"lookup named partition {key!r}, not a number") from None
         leaders[partition] = producer_address(producer)
-    nsqd = tuple(dict.fromkeys(producer_address(p) for p in result.get("producers") or []))
+        _note_http(http, leaders[partition], producer)
+    producers = result.get("producers") or []
+    nsqd = tuple(dict.fromkeys(producer_address(p) for p in producers))
+    for p in producers:
+        _note_http(http, producer_address(p), p)
     meta = result.get("meta") or {}
     partition_num = partition_count(meta)
     return TopicRoute(
@@ -147,7 +154,15 @@ def route_from_lookup(topic: str, result: Mapping[str, Any]) -> TopicRoute:
         partition_num=partition_num,
         ordered=isinstance(meta, Mapping) and _truthy(meta.get("ordered")),
         extend_support=isinstance(meta, Mapping) and _truthy(meta.get("extend_support")),
+        http=http,
     )
+
+
+def _note_http(http: dict[str, str], address: str, producer: Any) -> None:
+    """Note the HTTP address of the nsqd at ``address`` (a lookup producer entry)."""
+    http_address = producer_http_address(producer)
+    if http_address is not None:
+        http.setdefault(address, http_address)
 
 
 def partition_count(meta: Any) -> int:

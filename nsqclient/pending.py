@@ -147,9 +147,11 @@ def expired_error(address: str, written: bool) -> NSQTimeoutError:
             f"no answer from {address} within the publish's timeout; it may or may not be"
             " stored (the connection is kept: nsqd may just be slow)",
             maybe_processed=True,
+            address=address,
         )
     return NSQTimeoutError(
         f"not written to {address} within the publish's timeout (earlier writes were not"
         " taken); nothing was sent",
         maybe_processed=False,
+        address=address,
     )

@@ -3,7 +3,7 @@
 A :class:`Pool` holds an :class:`~nsqclient.endpoint.Endpoint` per address: the addresses the
 Producer was given, in order, and those lookup named.  It writes a command on the first
 endpoint that can take it (round robin over the given ones; healthy addresses before those
-waiting out a reconnect delay; a failed-over address is warned of once per outage), sends
+waiting out a reconnect delay; a failed-over address is told of once per outage), sends
 again what nsqd provably did not take, and reads a blocking caller's answer.  It is what
 publishing by lookup writes through (:class:`~nsqclient.bylookup.PublishingPool`).
 """
@@ -41,6 +41,10 @@ class Pool(Mapping[str, Endpoint]):
         on_request_failed: given to every connection (the ledger's ``note``).
         sent: called after a command was written with a deadline (makes sure the deadline
             keeper runs).
+        http_addresses: the HTTP address of each of ``addresses`` (None: unknown), where its
+            size limits are asked once connected.
+        on_limits: ``on_limits(address, max_msg_size, max_body_size)`` when an nsqd stated
+            them (the Producer's :meth:`Limits.learn <nsqclient.limits.Limits.learn>`).
     """
 
     def __init__(
@@ -49,8 +53,11 @@ class Pool(Mapping[str, Endpoint]):
         config: Config,
         on_request_failed: Callable[[RequestFuture], None],
         sent: Callable[[], None],
+        http_addresses: list[str | None] | None = None,
+        on_limits: Callable[[str, int, int], None] | None = None,
     ):
         self.config = config
+        self._on_limits = on_limits
         #: True once the Producer is closed: nothing is written or connected any more
         self.closed = False
         self._on_request_failed = on_request_failed
@@ -58,7 +65,8 @@ class Pool(Mapping[str, Endpoint]):
         self._rr = itertools.count()
         self._lock = threading.Lock()
         #: the endpoints of the given addresses, in order
-        self.given = [self._new_endpoint(a) for a in addresses]
+        https = http_addresses or [None] * len(addresses)
+        self.given = [self._new_endpoint(a, h) for a, h in zip(addresses, https, strict=True)]
         self._by_address = {e.address: e for e in self.given}
 
     # ---------------------------------------------------------------- the endpoints
@@ -72,17 +80,29 @@ class Pool(Mapping[str, Endpoint]):
     def __len__(self) -> int:
         return len(self._by_address)
 
-    def endpoint(self, address: str) -> Endpoint:
-        """The pool's endpoint of ``address`` (made on first use)."""
+    def endpoint(self, address: str, http_address: str | None = None) -> Endpoint:
+        """The pool's endpoint of ``address`` (made on first use); ``http_address``: its
+        HTTP address, when lookup named it."""
         endpoint = self._by_address.get(address)
         if endpoint is None:
             with self._lock:
-                endpoint = self._by_address.setdefault(address, self._new_endpoint(address))
+                endpoint = self._by_address.setdefault(
+                    address, self._new_endpoint(address, http_address)
+                )
+        if endpoint.http_address is None and http_address is not None:
+            endpoint.http_address = http_address
         return endpoint
 
-    def _new_endpoint(self, address: str) -> Endpoint:
+    def _new_endpoint(self, address: str, http_address: str | None = None) -> Endpoint:
         """A new endpoint of the pool (see :meth:`endpoint` for the one of an address)."""
-        return Endpoint(address, self.config, self._on_request_failed, self._is_closed)
+        return Endpoint(
+            address,
+            self.config,
+            self._on_request_failed,
+            self._is_closed,
+            http_address,
+            self._on_limits,
+        )
 
     def _is_closed(self) -> bool:
         return self.closed
@@ -210,7 +230,7 @@ class Pool(Mapping[str, Endpoint]):
         took it, goes once more on a fresh connection to the same nsqd, then to the next."""
         if self.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        errors = []
+        errors: list[tuple[str, BaseException | None, str | None]] = []
         #: addresses passed over: not connected yet (connect=False), or unreachable (made only
         #: when there is one: this is every publish's path)
         passed: list[Endpoint] | None = None
@@ -235,7 +255,7 @@ class Pool(Mapping[str, Endpoint]):
                 conn = endpoint.connection(deadline)
             if conn is None:
                 endpoint.skip()
-                errors.append(f"{endpoint.address}: {endpoint.last_error}")
+                errors.append((endpoint.address, endpoint.last_error, None))
                 passed = _passing(passed, endpoint)
                 continue
             future = conn.request(command, make_future(), count)
@@ -254,7 +274,7 @@ class Pool(Mapping[str, Endpoint]):
                 if conn is None or _not_processed(future):
                     _discard(future)
                     errors.append(
-                        f"{endpoint.address}: {endpoint.last_error or failure_of(future)}"
+                        (endpoint.address, endpoint.last_error or failure_of(future), None)
                     )
                     continue
             if isinstance(future, Future):
@@ -263,15 +283,13 @@ class Pool(Mapping[str, Endpoint]):
                 future.conn = conn
             for other in passed or ():
                 if connect:
-                    other.warn_failover(endpoint.address)
+                    other.tell_failover(endpoint.address)
                 else:
                     other.warm()
             return future
         if not connect:
             return None
-        raise ConnectionClosedError(
-            "could not reach any nsqd: " + "; ".join(errors), maybe_processed=False
-        )
+        raise _unreachable(errors)
 
     def submit_connecting(
         self,
@@ -293,10 +311,7 @@ class Pool(Mapping[str, Endpoint]):
         if candidates and all(s.live() is None and s.waiting(now) for s in candidates):
             for endpoint in candidates:
                 endpoint.skip()
-            raise ConnectionClosedError(
-                "could not reach any nsqd: " + "; ".join(s.outage(now) for s in candidates),
-                maybe_processed=False,
-            )
+            raise _unreachable([(s.address, s.last_error, s.outage(now)) for s in candidates])
         if now >= deadline:
             raise NSQTimeoutError(
                 f"no nsqd connection within pub_timeout ({self.config.pub_timeout:g}s);"
@@ -313,6 +328,23 @@ class Pool(Mapping[str, Endpoint]):
                 f" was sent): {exc}",
                 maybe_processed=False,
             ) from exc
+
+
+def _unreachable(
+    errors: list[tuple[str, BaseException | None, str | None]],
+) -> ConnectionClosedError:
+    """The error of a publish that found no nsqd to write to (nothing was sent): ``errors``
+    holds each address tried, its error and, optionally, the text that tells it (default
+    ``"address: error"``); the last error is the cause."""
+    shown = "; ".join(text or f"{address}: {error}" for address, error, text in errors)
+    exc = ConnectionClosedError(
+        "could not reach any nsqd: " + shown,
+        maybe_processed=False,
+        address=", ".join(address for address, _, _ in errors) or None,
+    )
+    if errors:
+        exc.__cause__ = errors[-1][1]
+    return exc
 
 
 def _not_processed(future: Future | Waiter) -> bool:

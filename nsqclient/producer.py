@@ -13,8 +13,8 @@ Guarantees, stated plainly:
   connection died while it was in flight) may or may not have been stored; nsqclient does not
   resend it unless ``pub_retries`` > 0, which trades this uncertainty for possible duplicates.
 * A publish queued behind a fatal error on the same connection was provably not processed by nsqd
-  (nsqd handles commands in order and closes right after a fatal error); ``pub()`` resends such
-  publishes by itself.
+  (nsqd handles commands in order and closes right after a fatal error); ``pub()`` and
+  ``pub_async()`` send such publishes again by themselves (asynchronous ones in their order).
 
 :class:`Producer` is the public face of publishing (the calls, observers, flush, close, fork
 and exit); the work is done by collaborators it owns: the :class:`~nsqclient.pool.Pool` of nsqd
@@ -49,9 +49,10 @@ from .errors import (
     ConnectionClosedError,
     UndeliveredError,
 )
+from .limits import Limits
 from .lookup import LookupdPool
 from .observe import ObserverSet, PublishEvent, tell
-from .outer import OuterFutures
+from .outer import OuterFuture, OuterFutures, ResendableFuture
 from .partitions import key_bytes
 from .platforms import register_at_fork
 from .pool import Pool
@@ -103,10 +104,13 @@ class Producer:
             topic, which nsqd to publish to (used instead of ``nsqd_tcp_addresses`` when given).
             On youzan's NSQ this is how publishes find each partition's leader; see
             :meth:`pub`.  Bad addresses raise ValueError here (:mod:`nsqclient.addresses`).
+        nsqd_http_addresses: the HTTP address (``"host:port"`` or ``"http://host:port"``) of
+            each of ``nsqd_tcp_addresses``, in the same order, where each nsqd's size limits
+            are read once connected (lookup names them by itself); see ``max_msg_size``.
         **options: any option of :class:`~nsqclient.config.Config` (``pub_timeout``,
             ``dial_timeout``, ``tls_v1``, ``snappy``, ``auth_secret``, ``heartbeat_interval``,
-            ``lookupd_poll_interval``, ``trace``, ``leader_retries``...).  Durations are
-            seconds.
+            ``lookupd_poll_interval``, ``trace``, ``leader_retries``, ``max_msg_size``,
+            ``max_body_size``...).  Durations are seconds, sizes bytes.
 
     Connections are made on first use.  A Producer made before ``os.fork()`` (gunicorn
     ``--preload``) works in the child: the child makes its own connections.
@@ -116,14 +120,29 @@ class Producer:
         self,
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         lookupd_http_addresses: str | Sequence[str] | None = None,
+        *,
+        nsqd_http_addresses: str | Sequence[str] | None = None,
         **options: Any,
     ):
         addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
         lookupds = lookupd_addresses(lookupd_http_addresses, "lookupd_http_addresses")
         if not addresses and not lookupds:
             raise ValueError("Producer needs nsqd_tcp_addresses or lookupd_http_addresses")
+        https = lookupd_addresses(nsqd_http_addresses, "nsqd_http_addresses")
+        if https and len(https) != len(addresses):
+            raise ValueError(
+                f"nsqd_http_addresses: {len(https)} given for {len(addresses)}"
+                " nsqd_tcp_addresses; give one HTTP address per TCP address, in the same order"
+            )
+        #: the HTTP address of each given nsqd (None: unknown)
+        self._http_addresses: list[str | None] = list(https) or [None] * len(addresses)
         check_owner(options, "Producer")
         self.config = Config(**options)
+        self._limits = Limits(
+            self.config.max_msg_size,
+            self.config.max_body_size,
+            {"max_msg_size", "max_body_size"} & set(options),
+        )
         self._pub_timeout = self.config.pub_timeout
         self._router: Router | None = None
         if lookupds:
@@ -142,7 +161,14 @@ class Producer:
         #: pub_async Futures that failed with nobody looking (flush() and close() report them)
         self._ledger = Ledger()
         #: every endpoint by address: the given ones and those lookup named
-        self._pool = Pool(addresses, self.config, self._ledger.note, self._keep_deadlines)
+        self._pool = Pool(
+            addresses,
+            self.config,
+            self._ledger.note,
+            self._keep_deadlines,
+            self._http_addresses,
+            self._limits.learn,
+        )
         self._pool.closed = closed
         #: the endpoints of the given addresses, in order
         self._slots = self._pool.given
@@ -224,6 +250,7 @@ class Producer:
         if self._classic(partition, key, trace_id, ext):
             self._pool.publish_on(self._pub_command(topic, body), None, timeout)
             return None
+        self._check_body(body)
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
         )
@@ -247,8 +274,9 @@ class Producer:
             return self._observed(observers, "MPUB", False, topic, bodies, timeout, None,
                                   partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
-            self._pool.publish_on(protocol.mpub(topic, bodies), None, timeout)
+            self._pool.publish_on(self._mpub_command(topic, bodies), None, timeout)
             return None
+        self._check_bodies(bodies)
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
         )
@@ -264,7 +292,7 @@ class Producer:
             self._observed(observers, "DPUB", False, topic, body, timeout, delay, None, None,
                            None, None)  # fmt: skip
             return
-        command = protocol.dpub(topic, _delay_ms(delay), body)
+        command = self._dpub_command(topic, delay, body)
         if self._router is None:
             self._pool.publish_on(command, None, timeout)
             return
@@ -297,6 +325,7 @@ class Producer:
                                   key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             return self._submit_async(self._pub_command(topic, body))
+        self._check_body(body)
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
         )
@@ -318,7 +347,8 @@ class Producer:
             return self._observed(observers, "MPUB", True, topic, bodies, None, None,
                                   partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
-            return self._submit_async(protocol.mpub(topic, bodies))
+            return self._submit_async(self._mpub_command(topic, bodies))
+        self._check_bodies(bodies)
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
         )
@@ -330,7 +360,7 @@ class Producer:
         if observers:
             return self._observed(observers, "DPUB", True, topic, body, None, delay, None,
                                   None, None, None)  # fmt: skip
-        command = protocol.dpub(topic, _delay_ms(delay), body)
+        command = self._dpub_command(topic, delay, body)
         if self._router is None:
             return self._submit_async(command)
         return self._by_lookup.submit(
@@ -372,14 +402,16 @@ class Producer:
         if key is not None:
             key_bytes(key)
         if command == "DPUB":
-            wire = protocol.dpub(topic, _delay_ms(delay), payload)  # type: ignore[arg-type]
+            wire = self._dpub_command(topic, delay, payload)  # type: ignore[arg-type]
             if self._router is not None:
                 if not asynchronous:
                     check_not_partitioned(self._router, topic)
                 build = dpub_builder(self._router, topic, wire)
         elif self._classic(partition, key, trace_id, ext):
-            wire = protocol.mpub(topic, payload) if batch else self._pub_command(topic, payload)
+            command_of = self._mpub_command if batch else self._pub_command
+            wire = command_of(topic, payload)
         else:
+            (self._check_bodies if batch else self._check_body)(payload)
             builder = mpub_builder if batch else pub_builder
             build, traced = builder(self._router, self._tracing, topic, payload, partition,
                                     trace_id, ext)  # fmt: skip
@@ -563,32 +595,69 @@ class Producer:
 
         Returns a dict: ``messages_sent`` (messages in the PUB/MPUB/DPUB written), ``bytes_in``,
         ``bytes_out`` and ``connects``, summed over every connection it has had (they survive
-        reconnects), and ``nsqd``: a list with, per address, the same cumulative counters,
-        ``connected``, ``failures`` (consecutive failed connection attempts), ``last_error``
-        and ``connection`` (the current connection's own figures, or None).
+        reconnects), ``max_msg_size`` and ``max_body_size`` (the size limits publishes are
+        checked against now, bytes), and ``nsqd``: a list with, per address, the same
+        cumulative counters, ``connected``, ``failures`` (consecutive failed connection
+        attempts), ``last_error``, ``max_msg_size`` and ``max_body_size`` (what that nsqd
+        stated, None until it did) and ``connection`` (the current connection's own figures,
+        or None).
         """
-        return self._pool.stats()
+        stats = self._pool.stats()
+        stats["max_msg_size"] = self._limits.msg
+        stats["max_body_size"] = self._limits.body
+        return stats
 
     # ---------------------------------------------------------------- internals
 
     def _pub_command(self, topic: str, body: bytes | str) -> bytes:
         """``protocol.pub(topic, body)``, with the command line of a topic already checked
-        taken from a cache when the body is plain non-empty bytes."""
+        taken from a cache when the body is plain non-empty bytes; BadMessageError above
+        the size limit (:mod:`nsqclient.limits`)."""
         line = self._pub_lines.get(topic)
         if line is not None and type(body) is bytes and body:
+            if len(body) > self._limits.msg:
+                self._limits.check_message(len(body), "PUB")
             return line + len(body).to_bytes(4, "big") + body
         command = protocol.pub(topic, body)  # checks the topic and the body
+        self._limits.check_message(len(command) - command.index(b"\n") - 5, "PUB")
         if len(self._pub_lines) >= 1024:
             self._pub_lines.clear()
         self._pub_lines[topic] = command[: command.index(b"\n") + 1]
         return command
 
+    def _mpub_command(self, topic: str, bodies: Sequence[bytes | str]) -> bytes:
+        """``protocol.mpub(topic, bodies)``, checked against the size limits."""
+        command = protocol.mpub(topic, bodies)
+        size = len(command) - command.index(b"\n") - 5  # the MPUB body
+        if size > self._limits.body or size > self._limits.msg:
+            self._check_bodies(bodies)
+        return command
+
+    def _dpub_command(self, topic: str, delay: float, body: bytes | str) -> bytes:
+        """``protocol.dpub(...)``, checked against the size limits."""
+        command = protocol.dpub(topic, _delay_ms(delay), body)
+        self._limits.check_message(len(command) - command.index(b"\n") - 5, "DPUB")
+        return command
+
+    def _check_body(self, body: Any) -> None:
+        """A PUB body (of any form the encoders take) checked against the size limits."""
+        size = _body_size(body)
+        if size is not None:
+            self._limits.check_message(size, "PUB")
+
+    def _check_bodies(self, bodies: Any) -> None:
+        """An MPUB's bodies checked against the size limits (bad input is the encoders')."""
+        if isinstance(bodies, Sequence) and not isinstance(bodies, str | bytes):
+            sizes = [_body_size(b) for b in bodies]
+            self._limits.check_mpub([s for s in sizes if s is not None])
+
     def _submit_async(self, command: bytes) -> Future:
         """A classic asynchronous publish: written at once on a ready connection, or handed
         to the backlog (connecting there, within ``pub_timeout``) when none is ready or
-        earlier publishes wait there, so that one caller's publishes keep their order."""
+        earlier publishes wait there, so that one caller's publishes keep their order.  Its
+        Future is a :class:`~nsqclient.outer.ResendableFuture` (see :meth:`_resend`)."""
         if not self._backlog.jobs:
-            future = self._pool.write(command, None, RequestFuture, None, False)
+            future = self._pool.write(command, None, self._resendable(command), None, False)
             if future is not None:
                 if not self._deadlines.running:
                     self._deadlines.ensure()
@@ -596,21 +665,44 @@ class Producer:
         elif self._pool.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         deadline = time.monotonic() + self._pub_timeout
-        outer = self._outers.track(deadline)
-
-        def job() -> None:
-            if not self._outers.may_send(outer):
-                return  # its deadline passed while it waited: failed, nothing sent
-            try:
-                inner = self._pool.submit_connecting(command, None, deadline)
-            except BaseException as exc:
-                self._outers.settle(outer, error=exc)
-                return
-            outer.inner = inner  # for OuterFutures.expire
-            self._outers.chain(inner, outer)
-
-        self._backlog.submit(job)
+        outer = self._outers.track(deadline, command, self._resend)
+        self._backlog.submit(lambda: self._send_outer(outer, command, deadline))
         return outer
+
+    def _resendable(self, command: bytes) -> Callable[[], ResendableFuture]:
+        """The Future maker of :meth:`Pool.write <nsqclient.pool.Pool.write>` for ``command``."""
+        return lambda: ResendableFuture(command, self._resend, self._ledger.note)
+
+    def _send_outer(self, outer: OuterFuture, command: bytes, deadline: float) -> None:
+        """A backlog job: write ``command`` for ``outer`` (connecting until ``deadline``)."""
+        if not self._outers.may_send(outer):
+            return  # its deadline passed while it waited: failed, nothing sent
+        try:
+            inner = self._pool.submit_connecting(command, None, deadline)
+        except BaseException as exc:
+            self._outers.settle(outer, error=exc)
+            return
+        outer.inner = inner  # for OuterFutures.expire
+        self._outers.chain(inner, outer)
+
+    def _resend(self, future: ResendableFuture) -> bool:
+        """Send an asynchronous publish again: nsqd provably did not process it (it was queued
+        behind a publish nsqd refused fatally, and nsqd processes nothing after that).  Runs on
+        the thread failing it (a reader thread): the sending is a backlog job, in the order
+        the connection failed them (the order they were written).  The deadline is
+        ``pub_timeout`` from the first resend (a publish from the backlog keeps its own).
+        False (it fails) once the Producer is closed or the deadline has passed."""
+        command = future.command
+        if self._pool.closed or command is None:
+            return False
+        now = time.monotonic()
+        deadline = future.deadline or now + self._pub_timeout
+        if now >= deadline:
+            return False
+        self._outers.adopt(future, deadline)
+        logger.debug("resending a publish queued behind a fatal error")
+        self._backlog.submit(lambda: self._send_outer(future, command, deadline))
+        return True
 
     def _keep_deadlines(self) -> None:
         self._deadlines.ensure()

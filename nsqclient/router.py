@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from .checks import check_int
 from .errors import NoRouteError
-from .http import HTTPError, TopicNotFoundError, producer_address
+from .http import HTTPError, TopicNotFoundError, producer_address, producer_http_address
 from .lookup import LookupdPool
 from .partitions import TopicRoute, key_partition, route_from_lookup
 
@@ -151,7 +151,8 @@ class Router:
         # A classic topic no nsqd has yet: any nsqd will create it.
         nodes = self.pool.first(lambda c: c.nodes())
         addresses = tuple(dict.fromkeys(producer_address(n) for n in nodes))
-        return TopicRoute(topic=topic, leaders={}, nsqd=addresses)
+        http = {producer_address(n): h for n in nodes if (h := producer_http_address(n))}
+        return TopicRoute(topic=topic, leaders={}, nsqd=addresses, http=http)
 
     def choose(
         self,

@@ -8,15 +8,22 @@ had taken their outcome) until ``flush()`` or ``close()`` reports them in one
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import Future
 
 from .answers import RequestFuture, Waiter
-from .errors import UndeliveredError
+from .errors import (
+    ConnectionClosedError,
+    NSQError,
+    NSQTimeoutError,
+    ServerError,
+    UndeliveredError,
+)
 
-__all__ = ["Ledger", "undelivered_error"]
+__all__ = ["Ledger", "cause", "undelivered_error"]
 
 #: Futures kept for the error at most; past that they are only counted (a service that never
 #: flushes must not keep every failed publish forever).
@@ -66,12 +73,12 @@ def undelivered_error(
         future.observed = True
     parts = []
     if failed or extra_failed:
-        reasons = Counter(_reason(f) for f in failed)
+        reasons = Counter(cause(f.failure(), getattr(f, "nsqd_address", None)) for f in failed)
         shown = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common(3))
         more = len(reasons) - 3
         parts.append(
             f"{len(failed) + extra_failed} failed ({shown}"
-            + (f"; and {more} other reasons" if more > 0 else "")
+            + (f"; and {more} other reason{'s' if more > 1 else ''}" if more > 0 else "")
             + ")"
         )
     if waiting:
@@ -85,6 +92,32 @@ def undelivered_error(
     )
 
 
-def _reason(future: RequestFuture) -> str:
-    exc = future.failure()
-    return f"{type(exc).__name__}: {exc}"
+def cause(exc: BaseException | None, address: str | None = None) -> str:
+    """What failed a publish, the same for every publish it failed: the exception's type, the
+    nsqd (its ``address``, else the first in its causes, else ``address``) and why: nsqd's
+    error code, the socket's error (``connection refused``), or the error's own text without
+    its remarks in brackets (which carry timings), e.g.
+    ``ConnectionClosedError from 127.0.0.1:4150: connection refused``."""
+    if exc is None:
+        return "None"
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__cause__)
+    where = next((e.address for e in chain if isinstance(e, _ADDRESSED) and e.address), address)
+    why = None
+    for e in reversed(chain):
+        if isinstance(e, ServerError):
+            why = e.code
+            break
+        if isinstance(e, OSError) and not isinstance(e, NSQError):
+            why = (e.strerror or str(e) or type(e).__name__).lower()
+            break
+    if why is None:
+        why = _STEADY.sub("", str(chain[-1])).strip() or type(chain[-1]).__name__
+    return f"{type(exc).__name__}{f' from {where}' if where else ''}: {why}"
+
+
+#: the errors that may name their nsqd
+_ADDRESSED = (ConnectionClosedError, NSQTimeoutError)
+#: what differs between failures of one cause: remarks in brackets (timings: "1.3s ago")
+_STEADY = re.compile(r"\s*\([^()]*\)")

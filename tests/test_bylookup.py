@@ -86,7 +86,7 @@ class FakeNsqdPool:
         self.closed = False
         self.endpoints: dict[str, FakeEndpoint] = {}
 
-    def endpoint(self, address: str) -> FakeEndpoint:
+    def endpoint(self, address: str, http_address: str | None = None) -> FakeEndpoint:
         return self.endpoints.setdefault(address, FakeEndpoint(address))
 
     def _next(self, how: str, command: bytes, endpoints: list[Any] | None) -> Any:

@@ -57,7 +57,7 @@ def test_a_refused_address_is_down_for_its_reconnect_delay_and_says_why(owner, c
     assert endpoint.connection(time.monotonic() + TIMEOUT) is None
     assert endpoint.failures == 2
     said = [r for r in caplog.records if endpoint.address in r.getMessage()]
-    assert [r.levelno for r in said] == [logging.INFO, logging.DEBUG]  # once per outage
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG]  # once per outage
 
 
 def test_an_address_back_after_an_outage_connects_and_says_so(nsqd, owner, caplog):
@@ -104,11 +104,11 @@ def test_warm_connects_on_a_thread_of_its_own_unless_waiting(nsqd, owner):
     wait_for(lambda: endpoint.live() is not None and not endpoint.warming, TIMEOUT)
 
 
-def test_failover_is_warned_once_per_outage(owner, caplog):
+def test_failover_is_told_once_per_outage(owner, caplog):
     endpoint = owner.endpoint(f"127.0.0.1:{free_port()}")
     endpoint.connection(time.monotonic() + TIMEOUT)
-    caplog.set_level(logging.WARNING, "nsqclient.producer")
-    endpoint.warn_failover("127.0.0.1:1")
-    endpoint.warn_failover("127.0.0.1:1")
-    warned = [r for r in caplog.records if "is unreachable" in r.getMessage()]
-    assert len(warned) == 1 and endpoint.warned
+    caplog.set_level(logging.INFO, "nsqclient.producer")
+    endpoint.tell_failover("127.0.0.1:1")
+    endpoint.tell_failover("127.0.0.1:1")
+    told = [r for r in caplog.records if "is unreachable" in r.getMessage()]
+    assert len(told) == 1 and endpoint.warned and told[0].levelno == logging.INFO

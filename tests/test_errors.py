@@ -310,6 +310,14 @@ def test_connection_closed_error_pickles(maybe_processed: bool) -> None:
     assert errors.ConnectionClosedError("x").maybe_processed is True
 
 
+@pytest.mark.parametrize("cls", [errors.ConnectionClosedError, errors.NSQTimeoutError])
+def test_connection_errors_keep_their_nsqd_address_through_pickling(cls: type) -> None:
+    exc = cls("closed", maybe_processed=False, address="127.0.0.1:4150")
+    back = pickle.loads(pickle.dumps(exc))
+    assert (back.address, back.maybe_processed, str(back)) == ("127.0.0.1:4150", False, "closed")
+    assert cls("x").address is None
+
+
 # ------------------------------------------------------------------------------------------
 # Errors that say what is wrong (issue 8), against the broker's real listening sockets
 

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
+from nsqclient.answers import RequestFuture, failure_of
 from nsqclient.errors import (
+    BadMessageError,
     ConnectionClosedError,
     NSQError,
     NSQTimeoutError,
@@ -24,6 +26,7 @@ from nsqclient.errors import (
 )
 from nsqclient.testing.helpers import message_count
 from nsqclient.testing.waiting import wait_for
+from nsqclient.undelivered import cause, undelivered_error
 
 #: Seconds: the bound of every wait; reached only when something is broken.
 TIMEOUT = 10.0
@@ -63,6 +66,61 @@ def test_close_raises_for_async_publishes_that_failed_unseen():
     assert "5 failed" in message and "ConnectionClosedError" in message
     assert "refused" in message.lower()
     producer.close()  # reported once: a second close has nothing more to say
+
+
+def test_the_summary_groups_failures_by_cause_not_by_their_timings():
+    # The first publish finds the address refusing; the others fail at once while it waits
+    # out its reconnect delay, each error saying how long ago the last attempt was: one cause.
+    address = refused_address()
+    producer = Producer(address, pub_timeout=TIMEOUT, reconnect_interval=0.05)
+    futures = [producer.pub_async("undelivered", b"%d" % i) for i in range(300)]
+    wait(futures, TIMEOUT)
+    assert len({str(failure_of(f)) for f in futures}) > 1  # texts differ (timings)
+    with pytest.raises(UndeliveredError) as info:
+        producer.close()
+    message = str(info.value)
+    assert (
+        f"300 failed (300 x ConnectionClosedError from {address}: connection refused)" in message
+    ), message
+    assert "other reason" not in message
+
+
+def test_the_summary_names_nsqd_its_error_code_and_counts_the_other_reasons():
+    def failed(error: BaseException, address: str | None = None) -> RequestFuture:
+        future = RequestFuture()
+        if address is not None:
+            future.nsqd_address = address  # type: ignore[attr-defined]
+        future.set_exception(error)
+        return future
+
+    behind = ConnectionClosedError(
+        "connection to 10.0.0.1:4150 closed before nsqd answered: E_BAD_MESSAGE too big",
+        maybe_processed=False,
+        address="10.0.0.1:4150",
+    )
+    behind.__cause__ = BadMessageError("PUB message too big 2097152 > 1048576")
+    reset = ConnectionClosedError("connection to 10.0.0.2:4150 closed", address="10.0.0.2:4150")
+    reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")
+    futures = [
+        *(failed(BadMessageError(f"PUB message too big {n} > 1048576"), "10.0.0.1:4150")
+          for n in (2097152, 3000000)),
+        *(failed(behind) for _ in range(3)),
+        failed(reset),
+        failed(NSQTimeoutError("no nsqd connection within pub_timeout (10s); nothing was sent")),
+        failed(ValueError("bad")),
+    ]  # fmt: skip
+    error = undelivered_error("flush()", futures, 0, [], 1.0)
+    assert error is not None
+    message = str(error)
+    assert "8 failed (3 x ConnectionClosedError from 10.0.0.1:4150: E_BAD_MESSAGE;" in message
+    assert "; 2 x BadMessageError from 10.0.0.1:4150: E_BAD_MESSAGE;" in message
+    assert "; and 2 other reasons)" in message, message
+    assert cause(reset) == ("ConnectionClosedError from 10.0.0.2:4150: connection reset by peer")
+    assert cause(futures[6].failure()) == (
+        "NSQTimeoutError: no nsqd connection within pub_timeout; nothing was sent"
+    )
+    one_more = undelivered_error("flush()", futures[:7], 0, [], 1.0)
+    assert "; and 1 other reason)" in str(one_more)
 
 
 def test_leaving_the_with_block_raises_for_what_was_not_delivered():

@@ -298,6 +298,8 @@ def test_handshake_timeout_bounds_a_dripping_handshake(dripping_nsqd):
 
 
 def test_an_outage_is_logged_once_and_its_end_once(nsq_cluster_factory, producers, caplog):
+    # One address, no failover: every caller gets the error (and may swallow it), yet the
+    # service's log must show the outage, at WARNING, once, and its end.
     cluster = nsq_cluster_factory(lookupd=False)
     node = cluster.nsqd
     p = producers(node.tcp_address, reconnect_interval=0.001)
@@ -309,16 +311,38 @@ def test_an_outage_is_logged_once_and_its_end_once(nsq_cluster_factory, producer
     for _ in range(30):
         with pytest.raises(ConnectionClosedError):
             p.pub("p_outage_log", b"while down")
-    # Every caller got the error: nothing at WARNING, the outage at INFO once.
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert len(infos) == 1 and "once per outage" in infos[0], infos
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert f"cannot connect to nsqd {node.tcp_address}" in warnings[0], warnings
+    assert "once per outage" in warnings[0], warnings
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == []
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) >= 29
     caplog.clear()
     cluster.start_nsqd(0)
     p.pub("p_outage_log", b"after")
-    recovered = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
-    assert len(recovered) == 1 and "30 publishes could not use it" in recovered[0], recovered
+    recovered = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert [r.levelno for r in recovered] == [logging.WARNING], recovered
+    assert "30 publishes could not use it" in recovered[0].getMessage(), recovered
+
+
+def test_an_outage_of_every_address_is_a_warning_per_address(
+    nsq_cluster_factory, producers, caplog
+):
+    cluster = nsq_cluster_factory(nsqd_count=2, lookupd=False)
+    a, b = cluster.nsqds
+    p = producers([a.tcp_address, b.tcp_address], reconnect_interval=0.001)
+    p.pub("p_all_down_log", b"before")
+    cluster.stop_nsqd(0)
+    cluster.stop_nsqd(1)
+    caplog.set_level(logging.INFO, logger="nsqclient.producer")
+    caplog.clear()
+    for _ in range(10):
+        with pytest.raises(ConnectionClosedError):
+            p.pub("p_all_down_log", b"while both are down")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, warnings
+    for node in (a, b):
+        assert sum(f"cannot connect to nsqd {node.tcp_address}:" in w for w in warnings) == 1
 
 
 def test_an_outage_hidden_by_failover_is_a_warning_once(nsq_cluster_factory, producers, caplog):
@@ -332,7 +356,10 @@ def test_an_outage_hidden_by_failover_is_a_warning_once(nsq_cluster_factory, pro
     for _ in range(20):
         p.pub("p_failover_log", b"while one is down")  # every one succeeds on b
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and f"nsqd {a.tcp_address} is unreachable" in warnings[0], warnings
+    assert len(warnings) == 1, warnings
+    assert f"cannot connect to nsqd {a.tcp_address}" in warnings[0], warnings
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert sum(f"nsqd {a.tcp_address} is unreachable" in m for m in infos) == 1, infos
     caplog.clear()
     cluster.start_nsqd(0)
     wait_for(

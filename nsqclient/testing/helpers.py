@@ -103,9 +103,9 @@ def wait_drained(node: Any, topic: str, channel: str, depth: int = 0) -> dict[st
     )
 
 
-def consume(node: Any, topic: str, count: int) -> list[bytes]:
+def consume(node: Any, topic: str, count: int, **options: Any) -> list[bytes]:
     """Subscribe to ``topic`` on channel "check", receive and FIN ``count`` messages, return
-    their bodies."""
+    their bodies in the order they came (``options``: the connection's, e.g. ``auth_secret``)."""
     got: list[protocol.DecodedMessage] = []
 
     class Delegate:
@@ -118,7 +118,7 @@ def consume(node: Any, topic: str, count: int) -> list[bytes]:
         def on_close(self, conn: Connection, reason: BaseException | None) -> None:
             pass
 
-    conn = Connection(node.tcp_address, Config(), delegate=Delegate())
+    conn = Connection(node.tcp_address, Config(**options), delegate=Delegate())
     conn.connect()
     try:
         assert conn.request(protocol.sub(topic, "check")).result(TIMEOUT) == b"OK"
