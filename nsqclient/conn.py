@@ -1,12 +1,11 @@
 """Connection: one TCP connection to one nsqd.
 
 The handshake (magic, IDENTIFY, TLS/snappy/deflate upgrades, AUTH) runs in the thread that calls
-:meth:`Connection.connect`.  After it, one thread at a time reads the socket (the reader thread,
-or in caller-reads mode a blocking requester reading its own answer: see :meth:`read_until`),
-and a writer thread sends what other threads queue, everything queued in one write.  One
-shortcut, for latency: a request made while no other request is in flight is written
-by the calling thread itself, under the same send lock the writer holds, so an idle ``pub()``
-costs one thread hand-off instead of two.  Writes stay whole, requests reach nsqd in the order of
+:meth:`Connection.connect`.  After it, one thread at a time reads the socket: the reader thread,
+or (caller-reads mode, epoll only) a blocking requester reading its own answer while the reader
+sleeps (:meth:`read_until`).  A writer thread sends what other threads queue in one write; a
+request made while no other is in flight is written by its caller under the same send lock (one
+thread hand-off less per idle ``pub()``).  Writes stay whole, requests reach nsqd in the order of
 their pending answers, and only one thread at a time is ever inside the transport's write path.
 Any thread may send:
 
@@ -18,10 +17,6 @@ Any thread may send:
 The reader answers heartbeats with NOP itself and hands messages and connection events to a
 delegate.  Delegate callbacks run on the reader thread and must not block; user code never runs
 there.
-
-Caller-reads mode needs epoll (Linux): the reader thread is told to sleep through what a
-requester reads by taking the socket out of its epoll set.  Elsewhere a Producer's connection
-is read by its reader thread alone, as every TLS or compressed connection is.
 """
 
 from __future__ import annotations
@@ -249,7 +244,6 @@ class Connection:
         transport.set_output_callback(lambda: self._queue.put(b""))
         self._set_state(ConnectionState.CONNECTED)
         assert self._transport is not None
-        # Where there is no epoll, the reader thread reads everything (see _claim_reading).
         self._caller_reads = self._caller_reads and self._transport.plain and HAS_EPOLL
         if self._caller_reads:
             self._epoll = select.epoll()
@@ -614,8 +608,7 @@ class Connection:
             self._end_reading()
 
     def _claim_reading(self) -> bool:
-        """Take the reading from the reader thread (which then sleeps through what arrives)
-        if no thread is reading; False otherwise."""
+        """Take the reading from the reader thread, which then sleeps; False if it is busy."""
         if not self._read_lock.acquire(blocking=False):
             return False
         try:

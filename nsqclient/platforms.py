@@ -22,7 +22,8 @@ __all__ = [
     "stop_signals",
 ]
 
-#: Linux's epoll: a Producer's blocking publish may read its own answer (caller-reads mode).
+#: True where the interpreter has epoll (Linux), with which a Producer's blocking publish may
+#: read its own answer (caller-reads mode).
 HAS_EPOLL = hasattr(select, "epoll")
 
 
@@ -41,10 +42,10 @@ def register_at_fork(after_in_child: Callable[[], None]) -> bool:
     return True
 
 
-def stop_signals() -> tuple[signal.Signals, ...]:
+def stop_signals() -> tuple[int, ...]:
     """The signals that ask a program to stop: SIGINT (Ctrl-C) and SIGTERM everywhere, and
     SIGBREAK (Ctrl-Break) where it exists (Windows)."""
-    found = [signal.SIGINT, signal.SIGTERM]
+    found: list[int] = [signal.SIGINT, signal.SIGTERM]
     sigbreak = getattr(signal, "SIGBREAK", None)
     if sigbreak is not None:
         found.append(sigbreak)
