@@ -608,7 +608,7 @@ class Connection:
             self._end_reading()
 
     def _claim_reading(self) -> bool:
-        """Take the reading from the reader thread, which then sleeps; False if it is busy."""
+        """Take the reading from the reader thread (which sleeps); False if one is reading."""
         if not self._read_lock.acquire(blocking=False):
             return False
         try:
