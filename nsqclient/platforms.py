@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 __all__ = [
     "HAS_EPOLL",
-    "can_fork",
     "readable_waiter",
     "register_at_fork",
     "stop_signals",
@@ -25,11 +24,6 @@ __all__ = [
 #: True where the interpreter has epoll (Linux), with which a Producer's blocking publish may
 #: read its own answer (caller-reads mode).
 HAS_EPOLL = hasattr(select, "epoll")
-
-
-def can_fork() -> bool:
-    """True where ``os.fork()`` exists (not on Windows)."""
-    return hasattr(os, "fork")
 
 
 def register_at_fork(after_in_child: Callable[[], None]) -> bool:
