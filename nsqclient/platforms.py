@@ -13,6 +13,7 @@ import select
 import selectors
 import signal
 from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "HAS_EPOLL",
@@ -46,28 +47,25 @@ def stop_signals() -> tuple[int, ...]:
     return tuple(found)
 
 
-def readable_waiter(fileno: int) -> tuple[Callable[[float], bool], Callable[[], None]]:
-    """``(wait, close)`` for a socket's file descriptor: ``wait(seconds)`` blocks until it is
-    readable (True) or ``seconds`` pass (False); ``close()`` frees what ``wait`` used.
+def readable_waiter(fileno: int) -> tuple[Callable[[float], list[Any]], Callable[[], None]]:
+    """``(wait, close)`` for a socket's file descriptor: ``wait(milliseconds)`` blocks until it
+    is readable or ``milliseconds`` pass, and returns a list that is empty when they passed;
+    ``close()`` frees what ``wait`` used.
 
-    ``select.poll`` where it exists (one system call, no Python-level bookkeeping), the
-    ``selectors`` module's best choice elsewhere (``select()`` on Windows, which takes sockets:
-    that is all this is for)."""
+    ``select.poll``'s own method where it exists (a blocking publish's hot path: no Python
+    frame of ours around it), the ``selectors`` module's best choice elsewhere (``select()`` on
+    Windows, which takes sockets: that is all this is for)."""
     poll = getattr(select, "poll", None)
     if poll is not None:
         poller = poll()
         poller.register(fileno, select.POLLIN | select.POLLPRI)
-
-        def wait_poll(seconds: float) -> bool:
-            return bool(poller.poll(seconds * 1000.0))
-
-        return wait_poll, _nothing
+        return poller.poll, _nothing
 
     selector = selectors.DefaultSelector()
     selector.register(fileno, selectors.EVENT_READ)
 
-    def wait_selector(seconds: float) -> bool:
-        return bool(selector.select(seconds))
+    def wait_selector(milliseconds: float) -> list[Any]:
+        return selector.select(milliseconds / 1000.0)
 
     return wait_selector, selector.close
 

@@ -47,6 +47,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import snappy
 
@@ -106,7 +107,7 @@ class Transport:
         # A duplicate of the socket in non-blocking mode, for recv_nowait() (made on first use),
         # and a waiter on it for recv_within() (see platforms.readable_waiter).
         self._nsock: socket.socket | None = None
-        self._readable: Callable[[float], bool] | None = None
+        self._readable: Callable[[float], list[Any]] | None = None
         self._close_waiter: Callable[[], None] = _nothing
 
     # ----------------------------------------------------------------------------------------
@@ -238,7 +239,7 @@ class Transport:
         while True:
             # Poll first: a requester reads right after sending, before the answer is in.
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not readable(min(remaining, 3600.0)):
+            if remaining <= 0 or not readable(min(remaining, 3600.0) * 1000.0):
                 raise TimeoutError(f"no data within {timeout:g} s")
             data = self.recv_nowait(max_bytes)
             if data is not None:
