@@ -10,7 +10,9 @@ At most ``max_topics`` routes are kept: past that, the route fetched longest ago
 (and looked up again if that topic is published again).
 
 A route is never dropped because lookupd fails: when no lookupd answers (none reachable, none
-in time, a 5xx), the topic's last known route goes on being used, and lookupd is asked again
+in time, a 5xx; or, for a classic topic, lookupd knows no nsqd at all, as a classic nsqlookupd
+just restarted does until the nsqd register again), the topic's last known route goes on being
+used, and lookupd is asked again
 after :data:`LOOKUP_RETRY_FIRST` seconds, doubling while it keeps failing up to
 :data:`LOOKUP_RETRY_CAP`.  The leaders that still answer keep taking their partitions' writes;
 a publish to one that does not fails on its own (and is retried by its caller).
@@ -110,6 +112,12 @@ class Router:
                 if kept is None or not unanswered(exc):
                     raise
                 self._lookup_failed(topic, kept, exc)
+                return kept.route
+            if kept is not None and not route.partitioned and not route.nsqd and kept.route.nsqd:
+                # A classic nsqlookupd just restarted knows no nsqd until they register
+                # again (up to 15 s): as good as no answer.
+                empty = NoRouteError(f"lookupd knows no nsqd (yet) to publish {topic!r} to")
+                self._lookup_failed(topic, kept, empty)
                 return kept.route
             self._keep(topic, route)
             return route

@@ -10,7 +10,7 @@ import requests
 
 from nsqclient import Producer
 from nsqclient.errors import HTTPError, NSQTimeoutError
-from nsqclient.http import LookupdClient, NsqdHTTPClient
+from nsqclient.http import LookupdClient, NsqdHTTPClient, TopicNotFoundError
 from nsqclient.testing.waiting import wait_for
 
 TIMEOUT = 10.0
@@ -100,5 +100,45 @@ def test_lookupd_learns_nothing_from_classic_listlookup(nsqd):
         assert (
             requests.get(nsqd.lookupd.http_url + "/listlookup", timeout=TIMEOUT).status_code == 404
         )
+    finally:
+        producer.close()
+
+
+@pytest.mark.parametrize("fault", ["stop", "stall"])
+def test_publishing_by_lookup_goes_on_while_lookupd_is_down_or_hangs(nsqd, fault):
+    """A classic topic's route outlives lookupd: while it refuses connections (restarting) or
+    hangs, publishes go to the nsqd it named last, and it is asked again once it answers."""
+    producer = Producer(
+        lookupd_http_addresses=[nsqd.lookupd.http_url],
+        lookupd_poll_interval=0.2,
+        lookupd_request_timeout=0.3,
+        pub_timeout=5.0,
+    )
+    router = producer._router
+    assert router is not None
+    try:
+        producer.pub("pl_outage", b"before")
+        getattr(nsqd, f"{fault}_lookupd")()
+        try:
+            # the route is old now: each of these publishes asks lookupd first, and fails to
+            for i in range(3):
+                wait_for(lambda: router.cached("pl_outage") is None, TIMEOUT)
+                producer.pub("pl_outage", b"during %d" % i, timeout=5.0)
+            assert router.lookup_error("pl_outage") is not None
+        finally:
+            getattr(nsqd, f"{'start' if fault == 'stop' else 'unstall'}_lookupd")()
+        # (a real nsqlookupd restarted knows no nsqd until it registers again, up to 15 s)
+        lookupd = LookupdClient(nsqd.lookupd.http_url)
+
+        def listed() -> bool:
+            try:
+                return bool(lookupd.lookup("pl_outage")["producers"])
+            except TopicNotFoundError:
+                return False
+
+        wait_for(listed, 30.0)
+        wait_for(lambda: router.cached("pl_outage") is None, TIMEOUT)
+        producer.pub("pl_outage", b"after")
+        assert router.lookup_error("pl_outage") is None
     finally:
         producer.close()

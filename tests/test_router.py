@@ -133,6 +133,25 @@ def test_while_no_lookupd_answers_the_last_known_route_is_used(status: int, capl
     assert router.cached("t_1") is not None
 
 
+def test_a_restarted_classic_lookupd_knowing_no_nsqd_yet_keeps_the_last_route() -> None:
+    class Restarted(FakeLookupd):
+        def lookup(self, topic: str, access: str | None, metainfo: bool) -> dict[str, Any]:
+            if self.failing:
+                return {"channels": [], "producers": []}
+            return super().lookup(topic, access, metainfo)
+
+        def nodes(self) -> list[dict[str, Any]]:
+            return []
+
+    lookupd, clock = Restarted(), Clock()
+    router = Router(FakePool(lookupd), 60.0, clock=clock)  # type: ignore[arg-type]
+    assert router.choose("t_1") == (None, "h:4001")
+    lookupd.failing = {"t_1"}
+    router.invalidate("t_1")
+    assert router.choose("t_1") == (None, "h:4001")
+    assert isinstance(router.lookup_error("t_1"), NoRouteError)
+
+
 def test_a_lookupds_answer_about_the_topic_is_not_covered_by_the_last_route() -> None:
     """A 4xx (or youzan's "no channel") is lookupd's answer, not an outage: it is raised."""
     lookupd, clock = FakeLookupd(), Clock()
