@@ -12,10 +12,10 @@ At most ``max_topics`` routes are kept: past that, the route fetched longest ago
 A route is never dropped because lookupd fails: when no lookupd answers (none reachable, none
 in time, a 5xx; or, for a classic topic, lookupd knows no nsqd at all, as a classic nsqlookupd
 just restarted does until the nsqd register again), the topic's last known route goes on being
-used, and lookupd is asked again
-after :data:`LOOKUP_RETRY_FIRST` seconds, doubling while it keeps failing up to
-:data:`LOOKUP_RETRY_CAP`.  The leaders that still answer keep taking their partitions' writes;
-a publish to one that does not fails on its own (and is retried by its caller).
+used, and lookupd is asked again after :data:`LOOKUP_RETRY_FIRST` seconds, doubling while it
+keeps failing up to :data:`LOOKUP_RETRY_CAP`.  The leaders that still answer keep taking their
+partitions' writes; a publish to one that does not fails on its own (and is retried by its
+caller).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ logger = logging.getLogger("nsqclient.router")
 #: seconds a topic's last known route is used without asking lookupd, after no lookupd
 #: answered for it; doubles with each further failure in a row, up to LOOKUP_RETRY_CAP
 LOOKUP_RETRY_FIRST = 0.5
+#: the longest wait, in seconds, before lookupd is asked again for a topic it keeps failing for
 LOOKUP_RETRY_CAP = 4.0
 
 

@@ -266,8 +266,10 @@ def test_a_partition_lookupd_names_no_leader_for_raises_at_pub_timeout_saying_so
             # (a publish written before the Producer saw the connection drop would be in
             # doubt, maybe_processed=True: this test is about the ones that come after)
             wait_for(
-                lambda: not any(
-                    e["connected"] for e in producer.stats()["nsqd"] if e["address"] == dead
+                lambda: (
+                    not any(
+                        e["connected"] for e in producer.stats()["nsqd"] if e["address"] == dead
+                    )
                 ),
                 TIMEOUT,
             )
