@@ -3,13 +3,22 @@ nsqlookupd (``lookupd_http_addresses``; youzan's partitions and keys), and its r
 
 For each topic a :class:`~nsqclient.router.Router` keeps the topic's *route* (where its
 partitions are written, as lookup said: :class:`~nsqclient.partitions.TopicRoute`), and each
-publish goes to its partition's leader.  A publish the route turned out stale for is retried
-after a fresh lookup: a refusal naming a moved leader (E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE,
-E_TOPIC_NOT_EXIST) at most ``leader_retries`` times; a leader that is gone (cannot be reached,
-nothing sent; or lookupd names none while youzan replaces it) until the publish's timeout.  One
-policy (:class:`Attempts`) decides for the blocking path, which sleeps between attempts, and
-the asynchronous one, which waits on a timer.  Without lookupd (no router) the same path sends
-youzan's forms (a partition, a trace id, ext headers) to the Producer's given addresses, once.
+publish goes to its partition's leader.  Within the publish's timeout, what stored nothing is
+tried again, after a fresh lookup (the topic's last known route while no lookupd answers):
+
+* a leader that is gone: its nsqd cannot be reached and nothing was sent, or lookup names no
+  leader for the partition while youzan replaces it;
+* no lookupd answered, and no route of the topic is known yet;
+* a refusal nsqd sends before it writes anything (:func:`refused_unstored`): a moved leader
+  (E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE, E_TOPIC_NOT_EXIST) or a leader that is stopping or
+  whose write queue timed out (E_PUB_FAILED / E_MPUB_FAILED ``exiting``, ``pub timeout while
+  pop wait queue``, ``pub to wait channel timeout``); at most ``leader_retries`` of them.
+
+Nothing else is retried.  Past the timeout the publish raises NSQTimeoutError naming the last
+failure (``maybe_processed=False``: nothing was stored).  One policy (:class:`Attempts`)
+decides for the blocking path, which sleeps between attempts, and the asynchronous one, which
+waits on a timer.  Without lookupd (no router) the same path sends youzan's forms (a
+partition, a trace id, ext headers) to the Producer's given addresses, once.
 
 :class:`LookupPublisher` is a collaborator the Producer owns, beside the pool of nsqd endpoints
 (:class:`~nsqclient.pool.Pool`) it writes through; what it asks of that pool is written down as
@@ -30,11 +39,14 @@ from .errors import (
     ConnectionClosedError,
     FailedOnNotLeaderError,
     FailedOnNotWritableError,
+    MPubFailedError,
     NoRouteError,
     NSQTimeoutError,
+    PubFailedError,
     ServerError,
     TopicNotExistError,
 )
+from .lookup import unanswered
 from .observe import PublishEvent
 from .partitions import key_bytes
 from .publishes import Build, PublishResult, traced_result
@@ -49,12 +61,35 @@ if TYPE_CHECKING:
     #: Producer's given addresses)
     Target = tuple[int | None, list[Endpoint] | None]
 
-__all__ = ["Attempts", "LookupPublisher", "PublishingPool"]
+__all__ = ["LAST_ATTEMPT", "Attempts", "LookupPublisher", "PublishingPool", "refused_unstored"]
 
 logger = logging.getLogger("nsqclient.producer")
 
 #: youzan's answers that mean "lookup is stale": refresh the route and try again
 _STALE_ROUTE = (FailedOnNotLeaderError, FailedOnNotWritableError, TopicNotExistError)
+#: seconds left to the publish's deadline for its last attempt (it raises NSQTimeoutError
+#: when less than twice this is left after a failure)
+LAST_ATTEMPT = 0.1
+#: the descriptions of youzan's E_PUB_FAILED / E_MPUB_FAILED that nsqd sends before it writes
+#: anything (nsqdserver/protocol_v2.go, context.go's pub loop, nsqd/topic.go): the topic is
+#: exiting (a SIGTERMed leader), or the publish waited too long for the write queue
+_UNSTORED_PUB_FAILED = (
+    "exiting",
+    "pub timeout while pop wait queue",
+    "pub to wait channel timeout",
+)
+
+
+def refused_unstored(exc: BaseException) -> bool:
+    """True for an nsqd refusal that provably stored nothing and that a retry after a fresh
+    lookup may get past: a stale route (E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE,
+    E_TOPIC_NOT_EXIST), or youzan's E_PUB_FAILED / E_MPUB_FAILED ``exiting``, ``pub timeout
+    while pop wait queue`` and ``pub to wait channel timeout`` (matched by prefix)."""
+    if isinstance(exc, _STALE_ROUTE):
+        return True
+    if isinstance(exc, (PubFailedError, MPubFailedError)):
+        return exc.message.strip().lower().startswith(_UNSTORED_PUB_FAILED)
+    return False
 
 
 class PublishingPool(Protocol):
@@ -108,6 +143,7 @@ class Attempts:
         timeout: seconds it may take, lookups and retries included.
         started: ``time.monotonic()`` when it was made.
         retries: attempts made after the first.
+        refusals: the retries that followed a refusal (at most ``leader_retries``).
         attempted_at: the router's clock when the last attempt took its route.
     """
 
@@ -119,6 +155,7 @@ class Attempts:
     timeout: float
     started: float = dataclasses.field(default_factory=time.monotonic)
     retries: int = 0
+    refusals: int = 0
     attempted_at: float = 0.0
 
     @property
@@ -134,43 +171,55 @@ class Attempts:
 
     def after(self, exc: BaseException) -> float | BaseException:
         """What follows an attempt that failed with ``exc``: seconds to wait before the next
-        one, or the error the publish ends with (``exc`` itself, or NSQTimeoutError when a
-        gone leader was not replaced in time).
+        one, or the error the publish ends with (``exc`` itself, or NSQTimeoutError once the
+        next attempt would start past the deadline).
 
-        A leader being replaced (lookup names none for the partition, or its nsqd cannot be
-        reached and nothing was sent) is retried until the publish's deadline, waiting 0.1 s
-        doubling up to 1 s; a refusal that names a stale route (NOT_LEADER, NOT_WRITABLE,
-        TOPIC_NOT_EXIST) at most ``leader_retries`` times, waiting 0.1 s doubling; nothing
-        else, and nothing once the Producer is closed or the wait would pass the deadline.
-        Before a retry the route is looked up again (only a route fetched before the failed
-        attempt took its own is thrown away: another publish may have a fresh one)."""
+        Retried (see the module): a gone leader, a lookup no lookupd answered, and a refusal
+        that stored nothing (:func:`refused_unstored`; at most ``leader_retries`` of those),
+        waiting 0.1 s doubling up to 1 s, the last wait cut short to leave
+        :data:`LAST_ATTEMPT` for a last attempt; nothing else, and nothing once the Producer
+        is closed.  Before a retry the route is looked up again (only a route fetched before the
+        failed attempt took its own is thrown away: another publish may have a fresh one)."""
         publisher = self.publisher
         router = publisher.router
         if router is None or publisher.pool.closed:
             return exc
-        retries = self.retries
-        if _leader_gone(exc):
-            delay = min(0.1 * 2**retries, 1.0)
-        elif isinstance(exc, _STALE_ROUTE) and retries < publisher.config.leader_retries:
-            delay = 0.1 * 2**retries
-        else:
+        why = _retryable(exc)
+        if why is None:
             return exc
+        if why == "refused":
+            if self.refusals >= publisher.config.leader_retries:
+                return exc
+            self.refusals += 1
         router.invalidate(self.topic, fetched_before=self.attempted_at)
+        left = self.deadline - time.monotonic()
+        if left < 2 * LAST_ATTEMPT:
+            return self._timed_out(why, exc)
+        # the last wait ends with LAST_ATTEMPT left: that attempt may still get through
+        delay = min(0.1 * 2**self.retries, 1.0, left - LAST_ATTEMPT)
         logger.info(
             "publish to %s failed (%s); looking it up again in %.1fs", self.topic, exc, delay
         )
-        if time.monotonic() + delay >= self.deadline:
-            if not _leader_gone(exc):
-                return exc
-            error = NSQTimeoutError(
-                f"no leader of {self.topic!r} could be reached within {self.timeout:g}s"
-                f" (nothing was sent): {exc}",
-                maybe_processed=False,
-            )
-            error.__cause__ = exc
-            return error
         self.retries += 1
         return delay
+
+    def _timed_out(self, why: str, exc: BaseException) -> NSQTimeoutError:
+        """The error of a publish whose retries ran out of time, after ``exc``."""
+        topic, timeout = self.topic, self.timeout
+        if why == "gone":
+            what = f"no leader of {topic!r} could be reached within {timeout:g}s"
+        elif why == "lookupd":
+            what = f"no lookupd told where {topic!r} goes within {timeout:g}s"
+        else:
+            what = f"{topic!r} was refused by its leader at every attempt within {timeout:g}s"
+        detail = f"{what} (nothing was sent or stored; tried {self.retries + 1} times): {exc}"
+        router = self.publisher.router
+        lookup_error = None if router is None else router.lookup_error(topic)
+        if lookup_error is not None and lookup_error is not exc:
+            detail += f"; lookupd meanwhile: {lookup_error}"
+        error = NSQTimeoutError(detail, maybe_processed=False)
+        error.__cause__ = exc
+        return error
 
     def traced_result(
         self, partition: int | None, address: str, reply: bytes
@@ -370,10 +419,17 @@ def _after_refusal(command: bytes, endpoints: list[Endpoint] | None) -> None:
         endpoints[0].drop()
 
 
-def _leader_gone(exc: BaseException) -> bool:
-    """A publish by lookup failed because its nsqd is gone or not yet replaced, and nothing
-    was sent: lookup names no leader for the partition (for now), or its nsqd cannot be
-    reached."""
+def _retryable(exc: BaseException) -> str | None:
+    """Why a failed attempt may be tried again (it stored nothing, and a later attempt may
+    get through): ``"gone"`` (its leader cannot be reached and nothing was sent, or lookup
+    names none for now), ``"lookupd"`` (no lookupd answered), ``"refused"``
+    (:func:`refused_unstored`); None when it may not."""
     if isinstance(exc, NoRouteError):
-        return exc.retryable
-    return isinstance(exc, ConnectionClosedError) and not exc.maybe_processed
+        return "gone" if exc.retryable else None
+    if isinstance(exc, ConnectionClosedError):
+        return None if exc.maybe_processed else "gone"
+    if refused_unstored(exc):
+        return "refused"
+    if unanswered(exc):
+        return "lookupd"
+    return None

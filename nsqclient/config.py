@@ -200,12 +200,14 @@ OPTIONS: dict[str, Option] = {
         ),
         Option(
             "leader_retries",
-            5,
-            int,
-            "youzan: times a publish refused with E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE or"
-            " E_TOPIC_NOT_EXIST is retried after a fresh lookup (waits 0.1 s, doubling)",
-            0,
             100,
+            int,
+            "youzan: times at most a publish refused before anything was stored"
+            " (E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE, E_TOPIC_NOT_EXIST, E_PUB_FAILED exiting"
+            " ...) is retried after a fresh lookup, never past pub_timeout (waits 0.1 s,"
+            " doubling up to 1 s; the default outlasts a pub_timeout of 90 s)",
+            0,
+            1000,
             owner="Producer",
         ),
         # --- consumer

@@ -143,7 +143,9 @@ class Consumer:
             (otherwise the Consumer stops with SubOrderIsMustError).
         on_out_of_order: youzan, ordered: ``hook(message, last_offset)`` run (on a worker,
             before the handler) when a message's disk queue offset is below the last one seen
-            on its partition; the message is then handled as usual.
+            on its partition (also logged as a WARNING, counted in ``stats()``, and told to
+            observers); the message is then handled as usual, and the check goes on from its
+            offset.
         columnar: pull mode: messages come as :class:`~nsqclient.batch.MessageBatch` columns
             (:meth:`take_batches`), no object per message; :meth:`take` is then refused.
         **options: :class:`~nsqclient.config.Config` options: ``max_in_flight``,
@@ -240,6 +242,7 @@ class Consumer:
             "given_up": 0,
             "timed_out_locally": 0,
             "handler_errors": 0,
+            "out_of_order": 0,
             "finish_failed": 0,
             "requeue_failed": 0,
             "touch_failed": 0,
@@ -540,7 +543,8 @@ class Consumer:
 
     def stats(self) -> dict[str, Any]:
         """Counters (received, finished, requeued, given_up, timed_out_locally,
-        handler_errors), the backoff level, and per-connection stats."""
+        handler_errors; youzan, ordered: out_of_order, the times a partition's offset went
+        backwards), the backoff level, and per-connection stats."""
         with self._lock:
             out: dict[str, Any] = dict(self._stats)
             out["backoff_level"] = self._backoff.level

@@ -216,23 +216,33 @@ class Handling:
 
     def check_offset(self, message: Message) -> None:
         """Ordered consumption: a partition's offsets never go down (a redelivery repeats
-        the same offset); run on_out_of_order when one does."""
+        the same offset).  When one does (youzan's nsqd sent the partition from an earlier
+        offset: a leader back with a shorter queue than it had acknowledged, see
+        docs/youzan.rst), log a WARNING, count it (``stats()["out_of_order"]``), tell the
+        observers (``message_out_of_order``) and run on_out_of_order."""
         offset, partition = message.offset, message.partition
         if offset is None or partition is None:
             return
         with self._offsets_lock:
             last = self._offsets.get(partition)
+            self._offsets[partition] = offset
             if last is None or offset >= last:
-                self._offsets[partition] = offset
                 return
+        consumer = self._consumer
         logger.warning(
-            "partition %d of %s: message at offset %d after offset %d",
+            "topic %s partition %d went backwards: offset %d after offset %d (from %s;"
+            " youzan's nsqd sends this partition again from an earlier offset)",
+            consumer.topic,
             partition,
-            self._consumer.topic,
             offset,
             last,
+            message.nsqd_address,
         )
-        run_hook(self._consumer.on_out_of_order, message, last)
+        self._count("out_of_order")
+        observers = self._observers.active
+        if observers:
+            tell(observers, "message_out_of_order", consumer, message, last)
+        run_hook(consumer.on_out_of_order, message, last)
 
 
 def messages_of(batch: MessageBatch, responder: Any) -> list[Message]:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from .errors import NSQError
 from .http import HTTPError, LookupdClient, TopicNotFoundError
 
-__all__ = ["LookupdPool", "demotion_delay"]
+__all__ = ["LookupdPool", "UnusableAnswerError", "demotion_delay", "is_answer", "unanswered"]
 
 logger = logging.getLogger("nsqclient.lookup")
 
@@ -39,12 +39,26 @@ def demotion_delay(failures: int) -> float:
     return min(FIRST_DEMOTION * 2 ** (failures - DEMOTE_AFTER), MAX_DEMOTION)
 
 
-def _is_answer(exc: HTTPError) -> bool:
+class UnusableAnswerError(NSQError):
+    """No lookupd gave an answer that could be used (the last one answered something that is
+    not a lookup's shape): :meth:`LookupdPool.first` raises it."""
+
+
+def is_answer(exc: HTTPError) -> bool:
     """True when the lookupd itself answered with an error about the request (bad topic,
     youzan's "Topic has no channel"): asking another lookupd would get the same answer."""
     if isinstance(exc, TopicNotFoundError) or 400 <= exc.status < 500:
         return True
     return exc.status == 500 and "no channel" in exc.message.lower()
+
+
+def unanswered(exc: BaseException) -> bool:
+    """True for what :meth:`LookupdPool.first` raises when no lookupd answered the request
+    itself: none could be reached, none answered in time, a 5xx, or an answer that cannot be
+    used.  Asking again later may get an answer; an :func:`is_answer` error would not."""
+    if isinstance(exc, HTTPError):
+        return not is_answer(exc)
+    return isinstance(exc, UnusableAnswerError)
 
 
 class LookupdPool:
@@ -161,7 +175,7 @@ class LookupdPool:
                 results.append((client.base_url, {"channels": [], "producers": []}))
                 continue
             except HTTPError as exc:
-                if _is_answer(exc):
+                if is_answer(exc):
                     # It works and refused the request (as first() sees it): not an outage.
                     self.succeeded(client)
                     self._log_refusal(client.base_url, topic, exc)
@@ -195,13 +209,14 @@ class LookupdPool:
 
         A lookupd that answers with an error about the request itself (TopicNotFoundError,
         another 4xx, youzan's "Topic has no channel") ends the search: that error is raised.
-        When none answers, the last lookupd's error (HTTPError) is raised."""
-        error: NSQError | None = None
+        When none answers, the last lookupd's error (HTTPError, or UnusableAnswerError) is
+        raised."""
+        error: HTTPError | UnusableAnswerError | None = None
         for client in self.candidates():
             try:
                 result = ask(client)
             except HTTPError as exc:
-                if _is_answer(exc):
+                if is_answer(exc):
                     self.succeeded(client)  # it answered: the answer is for the caller
                     raise
                 self.failed(client, exc)
@@ -209,7 +224,9 @@ class LookupdPool:
                 continue
             except (ValueError, TypeError) as exc:
                 self.failed(client, exc)
-                error = NSQError(f"lookupd {client.base_url} answered something unusable: {exc}")
+                error = UnusableAnswerError(
+                    f"lookupd {client.base_url} answered something unusable: {exc}"
+                )
                 continue
             self.succeeded(client)
             return result

@@ -165,6 +165,12 @@ class Observer:
     def messages_taken(self, consumer: Any, messages: Sequence[Message]) -> None:
         """Pull mode: ``messages`` were taken (``consumer.take()``), on the taking thread."""
 
+    def message_out_of_order(self, consumer: Any, message: Message, last_offset: int) -> None:
+        """youzan, ordered: ``message``'s disk queue offset (``message.offset``) is below
+        ``last_offset``, the last one seen on its partition (``message.partition``): youzan's
+        nsqd sends the partition again from an earlier offset (see docs/youzan.rst).  Told on
+        the worker (or taking) thread, before the handler; ``on_out_of_order`` runs next."""
+
     def message_given_up(self, consumer: Any, message: Message) -> None:
         """``message`` came for more than ``max_tries`` attempts: it is given up on
         (``giving_up`` runs next, then FIN)."""

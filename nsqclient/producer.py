@@ -236,12 +236,16 @@ class Producer:
         Raises:
             ValueError: bad topic, body, partition or key, before anything is sent.
             TypeError: a body of the wrong type, before anything is sent.
-            ServerError: nsqd refused it (e.g. BadMessageError when too big).  youzan's
-                E_FAILED_ON_NOT_LEADER, _NOT_WRITABLE and E_TOPIC_NOT_EXIST are first retried
-                after a fresh lookup, up to ``leader_retries`` times.
+            ServerError: nsqd refused it (e.g. BadMessageError when too big).  By lookup,
+                the refusals youzan's nsqd sends before storing anything (E_FAILED_ON_NOT_LEADER,
+                E_PUB_FAILED exiting...; docs/youzan.rst lists them) are first retried after a
+                fresh lookup, until ``timeout`` (at most ``leader_retries`` times).
             NoRouteError: lookup named no nsqd for the topic or partition.
             ConnectionClosedError: no nsqd could be reached, or the connection died.
-            NSQTimeoutError: no answer within ``timeout`` (the outcome is unknown).
+            NSQTimeoutError: no answer within ``timeout`` (``maybe_processed`` True: the
+                outcome is unknown), or by lookup no leader, lookupd answer or accepting nsqd
+                within it (``maybe_processed`` False: nothing was stored; it names the last
+                failure).
         """
         observers = self._observers.active
         if observers:

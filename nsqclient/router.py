@@ -8,10 +8,19 @@ partition round-robin.  A classic topic (no partitions in the answer) goes round
 the nsqd that have it, or, for a topic no nsqd has yet, over every nsqd lookupd knows.
 At most ``max_topics`` routes are kept: past that, the route fetched longest ago is dropped
 (and looked up again if that topic is published again).
+
+A route is never dropped because lookupd fails: when no lookupd answers (none reachable, none
+in time, a 5xx; or, for a classic topic, lookupd knows no nsqd at all, as a classic nsqlookupd
+just restarted does until the nsqd register again), the topic's last known route goes on being
+used, and lookupd is asked again after :data:`LOOKUP_RETRY_FIRST` seconds, doubling while it
+keeps failing up to :data:`LOOKUP_RETRY_CAP`.  The leaders that still answer keep taking their
+partitions' writes; a publish to one that does not fails on its own (and is retried by its
+caller).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -21,12 +30,34 @@ from collections.abc import Callable
 from .checks import check_int
 from .errors import NoRouteError
 from .http import HTTPError, TopicNotFoundError, producer_address, producer_http_address
-from .lookup import LookupdPool
+from .lookup import LookupdPool, unanswered
 from .partitions import TopicRoute, key_partition, route_from_lookup
 
-__all__ = ["Router"]
+__all__ = ["LOOKUP_RETRY_CAP", "LOOKUP_RETRY_FIRST", "Router"]
 
 logger = logging.getLogger("nsqclient.router")
+
+#: seconds a topic's last known route is used without asking lookupd, after no lookupd
+#: answered for it; doubles with each further failure in a row, up to LOOKUP_RETRY_CAP
+LOOKUP_RETRY_FIRST = 0.5
+#: the longest wait, in seconds, before lookupd is asked again for a topic it keeps failing for
+LOOKUP_RETRY_CAP = 4.0
+
+
+@dataclasses.dataclass(eq=False)
+class _Kept:
+    """A topic's route as the router keeps it."""
+
+    route: TopicRoute
+    #: the router's clock when lookupd answered it
+    fetched_at: float
+    #: a publish failed on it since: look it up again before it is used (unless lookupd fails)
+    stale: bool = False
+    #: lookups of the topic in a row that no lookupd answered, the last one's error, and when
+    #: to ask again (the last known route is used until then)
+    failures: int = 0
+    error: BaseException | None = None
+    retry_at: float = 0.0
 
 
 class Router:
@@ -52,50 +83,102 @@ class Router:
         self.max_topics = check_int(max_topics, "max_topics", min=1)
         self._clock = clock
         self._lock = threading.Lock()
-        self._routes: dict[str, tuple[TopicRoute, float]] = {}
+        self._routes: dict[str, _Kept] = {}
         #: one lock per topic being looked up, so one lookup serves every waiting publisher
         self._fetching: dict[str, threading.Lock] = {}
         self._rr = itertools.count()
         self._next_members = 0.0
 
     def route(self, topic: str) -> TopicRoute:
-        """The topic's route, from the cache or a fresh lookup (which may raise HTTPError)."""
-        now = self._clock()
-        cached = self._routes.get(topic)
-        if cached is not None and now - cached[1] < self.refresh_interval:
-            return cached[0]
+        """The topic's route: from the cache, or a fresh lookup.  When no lookupd answers, the
+        last known route (see the module); without one, the lookup's error (HTTPError,
+        NoRouteError...)."""
+        kept = self._routes.get(topic)
+        if kept is not None and self._usable(kept, self._clock()):
+            return kept.route
         with self._lock:
             fetch_lock = self._fetching.setdefault(topic, threading.Lock())
-        with fetch_lock:
-            cached = self._routes.get(topic)
-            if cached is not None and self._clock() - cached[1] < self.refresh_interval:
-                return cached[0]
+        if not fetch_lock.acquire(blocking=False):
+            if kept is not None and not kept.stale:
+                # merely old, and another thread is asking lookupd: the last known meanwhile
+                return kept.route
+            fetch_lock.acquire()  # one lookup serves every waiting publisher
+        try:
+            kept = self._routes.get(topic)
+            if kept is not None and self._usable(kept, self._clock()):
+                return kept.route
             try:
                 route = self._fetch(topic)
-                self._keep(topic, route)
-            finally:
-                self._forget_fetch_locks()
+            except Exception as exc:
+                if kept is None or not unanswered(exc):
+                    raise
+                self._lookup_failed(topic, kept, exc)
+                return kept.route
+            if kept is not None and not route.partitioned and not route.nsqd and kept.route.nsqd:
+                # A classic nsqlookupd just restarted knows no nsqd until they register
+                # again (up to 15 s): as good as no answer.
+                empty = NoRouteError(f"lookupd knows no nsqd (yet) to publish {topic!r} to")
+                self._lookup_failed(topic, kept, empty)
+                return kept.route
+            self._keep(topic, route)
             return route
+        finally:
+            fetch_lock.release()
+            self._forget_fetch_locks()
+
+    def _usable(self, kept: _Kept, now: float) -> bool:
+        """True when ``kept`` serves a publish without asking lookupd: fresh, or lookupd
+        failed for it lately."""
+        if now < kept.retry_at:
+            return True
+        return not kept.stale and now - kept.fetched_at < self.refresh_interval
+
+    def _lookup_failed(self, topic: str, kept: _Kept, exc: BaseException) -> None:
+        """No lookupd answered for ``topic``: go on with its last known route for a while."""
+        now = self._clock()
+        with self._lock:
+            kept.failures += 1
+            kept.error = exc
+            delay = min(LOOKUP_RETRY_FIRST * 2 ** (kept.failures - 1), LOOKUP_RETRY_CAP)
+            kept.retry_at = now + delay
+            first = kept.failures == 1
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "lookupd did not answer for %s (%s): publishing on its last known route (looked"
+            " up %.1fs ago) and asking again in %.1fs",
+            topic,
+            exc,
+            now - kept.fetched_at,
+            delay,
+        )
 
     def cached(self, topic: str) -> TopicRoute | None:
-        """The topic's route when the cache holds a fresh one, else None (never looks up)."""
-        cached = self._routes.get(topic)
-        if cached is not None and self._clock() - cached[1] < self.refresh_interval:
-            return cached[0]
+        """The topic's route when :meth:`route` would give it without asking lookupd (fresh,
+        or lookupd failed for it lately), else None (never looks up)."""
+        kept = self._routes.get(topic)
+        if kept is not None and self._usable(kept, self._clock()):
+            return kept.route
         return None
+
+    def lookup_error(self, topic: str) -> BaseException | None:
+        """While no lookupd answers for ``topic`` (its last known route is used), the last
+        lookup's error; None when lookupd answered it last."""
+        kept = self._routes.get(topic)
+        return kept.error if kept is not None and kept.failures else None
 
     def now(self) -> float:
         """The router's clock (for :meth:`invalidate`'s ``fetched_before``)."""
         return self._clock()
 
     def invalidate(self, topic: str, fetched_before: float | None = None) -> None:
-        """Forget the topic's route: the next publish looks it up again.  With
+        """A publish failed on the topic's route: look it up again before the next publish
+        uses it (the route is kept: it is used again if no lookupd answers).  With
         ``fetched_before`` (a :meth:`now` value), only a route fetched before then: a publish
         that failed on an old route must not throw away the fresh one another publish got."""
         with self._lock:
-            cached = self._routes.get(topic)
-            if cached is not None and (fetched_before is None or cached[1] < fetched_before):
-                del self._routes[topic]
+            kept = self._routes.get(topic)
+            if kept is not None and (fetched_before is None or kept.fetched_at < fetched_before):
+                kept.stale = True
 
     def cached_topics(self) -> list[str]:
         """The topics whose route is kept, fetched longest ago first."""
@@ -105,10 +188,12 @@ class Router:
     def _keep(self, topic: str, route: TopicRoute) -> None:
         """Store a fresh route last in line, dropping the oldest beyond ``max_topics``."""
         with self._lock:
-            self._routes.pop(topic, None)
-            self._routes[topic] = (route, self._clock())
+            old = self._routes.pop(topic, None)
+            self._routes[topic] = _Kept(route, self._clock())
             while len(self._routes) > self.max_topics:
                 del self._routes[next(iter(self._routes))]
+        if old is not None and old.failures:
+            logger.info("lookupd answers for %s again", topic)
 
     def _forget_fetch_locks(self) -> None:
         """Drop the fetch locks of topics without a kept route that no thread holds (topics

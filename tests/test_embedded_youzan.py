@@ -541,3 +541,54 @@ def test_standalone_youzan_mode(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0
+
+
+# -- fault controls: a leader refusing publishes, a lookupd hanging or refusing
+
+
+def test_refuse_publishes_answers_the_error_stores_nothing_and_keeps_the_connection(cluster, raws):
+    cluster.create_topic("refused", partitions=1)
+    cluster.create_channel("refused", "ch")
+    sub = raws(cluster, 0)
+    ok(sub.call(p.sub("refused", "ch", 0)))
+    sub.send(p.rdy(10))
+    pub = raws(cluster, 0)
+    cluster.refuse_publishes(0, "E_PUB_FAILED exiting", count=2)
+    assert error(pub.call(p.pub("refused", b"a", partition=0))) == b"E_PUB_FAILED exiting"
+    # an MPUB gets youzan's E_MPUB_FAILED for the same cause
+    assert error(pub.call(p.mpub("refused", [b"b"], partition=0))) == b"E_MPUB_FAILED exiting"
+    ok(pub.call(p.pub("refused", b"stored", partition=0)))  # the count is spent
+    assert sub.message().body == b"stored"  # nothing refused was stored before it
+    cluster.refuse_publishes(0, "E_FAILED_ON_NOT_LEADER ")
+    for _ in range(3):
+        frame = pub.call(p.pub_trace("refused", b"x", 7, partition=0))
+        assert error(frame) == b"E_FAILED_ON_NOT_LEADER "
+    cluster.accept_publishes(0)
+    ok(pub.call(p.pub("refused", b"again", partition=0)))
+    with pytest.raises(ValueError, match="E_\\* code"):
+        cluster.refuse_publishes(0, "exiting")
+
+
+@pytest.mark.parametrize("youzan", [True, False], ids=["youzan", "classic"])
+def test_a_stalled_lookupd_hangs_until_unstalled_and_a_stopped_one_refuses(youzan):
+    with EmbeddedNSQ(youzan=youzan, nsqd_count=1, lookupd_count=2) as c:
+        if youzan:
+            c.create_topic("hang", partitions=1)
+        lookupd = c.lookupds[0]
+        url = f"http://{lookupd.http_address}/lookup?topic=hang"
+        c.stall_lookupd(0)
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            requests.get(url, timeout=0.3)
+        if youzan:  # the other lookupd answers meanwhile
+            other = f"http://{c.lookupds[1].http_address}/lookup?topic=hang"
+            assert requests.get(other, headers=V1, timeout=TIMEOUT).status_code == 200
+        c.unstall_lookupd(0)
+        assert requests.get(url, headers=V1, timeout=TIMEOUT).status_code in (200, 404)
+        c.stop_lookupd(0)
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(url, timeout=TIMEOUT)
+        c.start_lookupd(0)
+        assert requests.get(url, headers=V1, timeout=TIMEOUT).status_code in (200, 404)
+        if not youzan:
+            with pytest.raises(IndexError):
+                c.stall_lookupd(1)

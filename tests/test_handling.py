@@ -50,6 +50,9 @@ class Events:
     def message_given_up(self, consumer: Any, message: Message) -> None:
         self.seen.append(("given_up", message.body))
 
+    def message_out_of_order(self, consumer: Any, message: Message, last_offset: int) -> None:
+        self.seen.append(("out_of_order", message.body, message.offset, last_offset))
+
 
 def make(handler: Any = None, **settings: Any) -> tuple[Handling, Responder, Counter[str]]:
     responder, counts = Responder(), Counter[str]()
@@ -115,8 +118,12 @@ def test_a_message_past_max_tries_is_given_up_and_finished() -> None:
     assert counts == {"given_up": 1} and events.seen == [("given_up", b"b")]
 
 
-def test_ordered_never_gives_up_and_reports_an_offset_going_back() -> None:
-    handling, responder, _ = make(ordered=True, max_tries=1)
+def test_ordered_never_gives_up_and_reports_an_offset_going_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handling, responder, counts = make(ordered=True, max_tries=1)
+    events = Events()
+    handling._observers.add(events)
     back: list[tuple[bytes, int]] = []
     handling._consumer.on_out_of_order = lambda m, last: back.append((m.body, last))
     kept = handling.prepare(
@@ -125,9 +132,16 @@ def test_ordered_never_gives_up_and_reports_an_offset_going_back() -> None:
             message(responder, b"a", 9, offset=10, raw_size=1, partition=0),
             message(responder, b"b", 1, offset=20, raw_size=1, partition=1),
             message(responder, b"c", 1, offset=5, raw_size=1, partition=0),
+            # the check goes on from where the partition went back to: once per regression
+            message(responder, b"d", 1, offset=6, raw_size=1, partition=0),
         ]
     )
-    assert len(kept) == 4 and back == [(b"c", 10)]
+    assert len(kept) == 5 and back == [(b"c", 10)]
+    assert events.seen == [("out_of_order", b"c", 5, 10)]
+    assert counts == {"out_of_order": 1}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "topic t partition 0 went backwards: offset 5 after offset 10" in warnings[0]
 
 
 def test_tracing_logs_each_message_while_on(caplog: pytest.LogCaptureFixture) -> None:

@@ -258,3 +258,43 @@ def test_consumers_made_before_instrumenting_are_traced(cluster, clients, instru
         assert process.parent is not None and process.parent.span_id == publish.context.span_id
     finally:
         consumer.stop()
+
+
+def test_an_offset_going_back_is_counted_per_partition():
+    """youzan's nsqd sending an ordered partition from an earlier offset (a leader back with a
+    shorter queue than it acknowledged) is a counter, ``nsq.consumer.out_of_order``."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from nsqclient.protocol import DecodedMessage
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    NSQInstrumentor().instrument(meter_provider=meters)
+    consumer = Consumer(
+        "yz_back", "c", lambda m: None, lookupd_http_addresses=["127.0.0.1:4161"], ordered=True
+    )
+    try:
+        for partition, offset in [(0, 10), (0, 20), (0, 5), (1, 7), (1, 3), (0, 2)]:
+            decoded = DecodedMessage(0, 1, b"\0" * 16, b"m", 1, 0, offset, 10)
+            message = Message(decoded, partition=partition)
+            message.nsqd_address = "127.0.0.1:4150"
+            consumer._check_offset(message)
+        data = reader.get_metrics_data()
+        points = [
+            (dict(p.attributes or {}), p.value)
+            for r in data.resource_metrics
+            for s in r.scope_metrics
+            for m in s.metrics
+            if m.name == n.OUT_OF_ORDER
+            for p in m.data.data_points
+        ]
+    finally:
+        NSQInstrumentor().uninstrument()
+        meters.shutdown()
+    by_partition = {a[n.PARTITION]: v for a, v in points}
+    assert by_partition == {"0": 2, "1": 1}
+    assert all(
+        a[n.DESTINATION] == "yz_back" and a[n.CONSUMER_GROUP] == "c" and a[n.SERVER_PORT] == 4150
+        for a, _ in points
+    )

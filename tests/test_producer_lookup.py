@@ -3,12 +3,14 @@ fixture: the embedded NSQ, or real nsqd/nsqlookupd with NSQ_BIN_DIR)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import requests
 
 from nsqclient import Producer
-from nsqclient.errors import HTTPError
-from nsqclient.http import LookupdClient, NsqdHTTPClient
+from nsqclient.errors import HTTPError, NSQTimeoutError
+from nsqclient.http import LookupdClient, NsqdHTTPClient, TopicNotFoundError
 from nsqclient.testing.waiting import wait_for
 
 TIMEOUT = 10.0
@@ -69,11 +71,18 @@ def test_partition_or_key_on_a_classic_topic_is_refused(nsqd):
         producer.close()
 
 
-def test_every_lookupd_down_raises_at_once(nsqd):
+def test_every_lookupd_down_is_retried_until_the_timeout_which_names_it(nsqd):
+    """lookupd restarting refuses connections for a moment: a publish asks again until its
+    timeout, then says that no lookupd answered, and why."""
     producer = Producer(lookupd_http_addresses=["127.0.0.1:1"], lookupd_request_timeout=1.0)
     try:
-        with pytest.raises(HTTPError, match="127.0.0.1:1.*refused"):
-            producer.pub("pl_down", b"m", timeout=3.0)
+        started = time.monotonic()
+        with pytest.raises(NSQTimeoutError, match="no lookupd told where 'pl_down' goes") as info:
+            producer.pub("pl_down", b"m", timeout=1.5)
+        assert 1.5 - 0.2 <= time.monotonic() - started < 1.5 + 1.0
+        assert isinstance(info.value.__cause__, HTTPError)
+        assert "127.0.0.1:1" in str(info.value) and "refused" in str(info.value)
+        assert not info.value.maybe_processed
     finally:
         producer.close()
 
@@ -91,5 +100,45 @@ def test_lookupd_learns_nothing_from_classic_listlookup(nsqd):
         assert (
             requests.get(nsqd.lookupd.http_url + "/listlookup", timeout=TIMEOUT).status_code == 404
         )
+    finally:
+        producer.close()
+
+
+@pytest.mark.parametrize("fault", ["stop", "stall"])
+def test_publishing_by_lookup_goes_on_while_lookupd_is_down_or_hangs(nsqd, fault):
+    """A classic topic's route outlives lookupd: while it refuses connections (restarting) or
+    hangs, publishes go to the nsqd it named last, and it is asked again once it answers."""
+    producer = Producer(
+        lookupd_http_addresses=[nsqd.lookupd.http_url],
+        lookupd_poll_interval=0.2,
+        lookupd_request_timeout=0.3,
+        pub_timeout=5.0,
+    )
+    router = producer._router
+    assert router is not None
+    try:
+        producer.pub("pl_outage", b"before")
+        getattr(nsqd, f"{fault}_lookupd")()
+        try:
+            # the route is old now: each of these publishes asks lookupd first, and fails to
+            for i in range(3):
+                wait_for(lambda: router.cached("pl_outage") is None, TIMEOUT)
+                producer.pub("pl_outage", b"during %d" % i, timeout=5.0)
+            assert router.lookup_error("pl_outage") is not None
+        finally:
+            getattr(nsqd, f"{'start' if fault == 'stop' else 'unstall'}_lookupd")()
+        # (a real nsqlookupd restarted knows no nsqd until it registers again, up to 15 s)
+        lookupd = LookupdClient(nsqd.lookupd.http_url)
+
+        def listed() -> bool:
+            try:
+                return bool(lookupd.lookup("pl_outage")["producers"])
+            except TopicNotFoundError:
+                return False
+
+        wait_for(listed, 30.0)
+        wait_for(lambda: router.cached("pl_outage") is None, TIMEOUT)
+        producer.pub("pl_outage", b"after")
+        assert router.lookup_error("pl_outage") is None
     finally:
         producer.close()

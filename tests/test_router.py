@@ -9,7 +9,7 @@ import pytest
 
 from nsqclient.errors import NoRouteError
 from nsqclient.http import HTTPError
-from nsqclient.router import Router
+from nsqclient.router import LOOKUP_RETRY_CAP, Router
 
 
 class FakeLookupd:
@@ -85,14 +85,86 @@ def test_a_refreshed_route_moves_to_the_back_of_the_line() -> None:
     assert router.cached_topics() == ["t_2", "t_0", "t_9"]
 
 
-def test_invalidate_forgets_one_route() -> None:
+def test_invalidate_makes_the_next_publish_look_up_again() -> None:
     router, lookupd, _ = make(3)
     router.choose("t_1")
     router.invalidate("t_1")
     router.invalidate("t_unknown_7")  # nothing to forget: no error
-    assert router.cached_topics() == []
+    assert router.cached("t_1") is None
+    assert router.cached_topics() == ["t_1"]  # kept, for when lookupd fails
     router.choose("t_1")
     assert lookupd.asked == ["t_1", "t_1"]
+
+
+@pytest.mark.parametrize("status", [0, 500, 503])
+def test_while_no_lookupd_answers_the_last_known_route_is_used(status: int, caplog) -> None:
+    class Down(FakeLookupd):
+        def lookup(self, topic: str, access: str | None, metainfo: bool) -> dict[str, Any]:
+            if topic in self.failing:
+                self.asked.append(topic)
+                raise HTTPError(status, "timed out after 2 s", "http://h:4161/lookup")
+            return super().lookup(topic, access, metainfo)
+
+    lookupd, clock = Down(), Clock()
+    router = Router(FakePool(lookupd), 60.0, clock=clock)  # type: ignore[arg-type]
+    assert router.choose("t_1") == (None, "h:4001")
+    lookupd.failing = {"t_1"}
+    router.invalidate("t_1")
+    assert router.choose("t_1") == (None, "h:4001")  # asked, failed: the last known
+    assert "publishing on its last known route" in caplog.text
+    assert router.lookup_error("t_1") is not None
+    assert router.cached("t_1") is not None  # within the backoff: no lookup, no wait
+    router.invalidate("t_1")
+    router.choose("t_1")
+    assert lookupd.asked == ["t_1", "t_1"]
+    waits = []
+    for _ in range(5):  # asked again after 0.5 s, doubling up to LOOKUP_RETRY_CAP
+        before = len(lookupd.asked)
+        start = clock.now
+        while len(lookupd.asked) == before:
+            clock.now += 0.25
+            router.choose("t_1")
+        waits.append(clock.now - start)
+    assert waits == [0.5, 1.0, 2.0, LOOKUP_RETRY_CAP, LOOKUP_RETRY_CAP]
+    lookupd.failing.clear()
+    clock.now += LOOKUP_RETRY_CAP
+    router.choose("t_1")
+    assert router.lookup_error("t_1") is None
+    assert router.cached("t_1") is not None
+
+
+def test_a_restarted_classic_lookupd_knowing_no_nsqd_yet_keeps_the_last_route() -> None:
+    class Restarted(FakeLookupd):
+        def lookup(self, topic: str, access: str | None, metainfo: bool) -> dict[str, Any]:
+            if self.failing:
+                return {"channels": [], "producers": []}
+            return super().lookup(topic, access, metainfo)
+
+        def nodes(self) -> list[dict[str, Any]]:
+            return []
+
+    lookupd, clock = Restarted(), Clock()
+    router = Router(FakePool(lookupd), 60.0, clock=clock)  # type: ignore[arg-type]
+    assert router.choose("t_1") == (None, "h:4001")
+    lookupd.failing = {"t_1"}
+    router.invalidate("t_1")
+    assert router.choose("t_1") == (None, "h:4001")
+    assert isinstance(router.lookup_error("t_1"), NoRouteError)
+
+
+def test_a_lookupds_answer_about_the_topic_is_not_covered_by_the_last_route() -> None:
+    """A 4xx (or youzan's "no channel") is lookupd's answer, not an outage: it is raised."""
+    lookupd, clock = FakeLookupd(), Clock()
+    router = Router(FakePool(lookupd), 60.0, clock=clock)  # type: ignore[arg-type]
+    router.choose("t_1")
+
+    def refuse(topic: str, access: str | None, metainfo: bool) -> dict[str, Any]:
+        raise HTTPError(400, "INVALID_ARG_TOPIC", "http://h:4161/lookup")
+
+    lookupd.lookup = refuse  # type: ignore[method-assign]
+    router.invalidate("t_1")
+    with pytest.raises(HTTPError, match="INVALID_ARG_TOPIC"):
+        router.choose("t_1")
 
 
 def test_failed_lookups_leave_no_state_behind_beyond_max_topics() -> None:

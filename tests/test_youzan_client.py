@@ -410,6 +410,7 @@ def test_offsets_going_down_on_a_partition_run_the_hook():
     assert calls == []
     consumer._check_offset(message(b"back", 0, 5))
     assert calls == [(b"back", 10)]
+    assert consumer.stats()["out_of_order"] == 1
 
 
 def test_trace_id_with_ext_headers_goes_in_the_header(cluster, producers, youzan_consumers):

@@ -62,6 +62,13 @@ CONSUMER_GAUGES = (
     ),
     ("nsq.consumer.backoff.level", "gauge", "{level}", "Backoff level (0: full speed)."),
     (
+        n.OUT_OF_ORDER,
+        "counter",
+        "{message}",
+        "youzan, ordered: messages whose disk queue offset was below the last one seen on"
+        " their partition (nsqd sent the partition again from an earlier offset).",
+    ),
+    (
         "nsq.consumer.reconnects",
         "counter",
         "{connection}",
@@ -194,8 +201,9 @@ class Tally:
             yield value, dict(key)
 
 
-#: the message counters of one meter provider (they live as long as it)
-Tallies = tuple[Tally, Tally]
+#: the counters of one meter provider counted as events come (they live as long as it):
+#: messages sent, messages consumed, offsets gone backwards
+Tallies = tuple[Tally, Tally, Tally]
 
 _lock = threading.Lock()
 #: the meter providers instruments were registered with, and their tallies (the SDK keeps an
@@ -216,12 +224,13 @@ def activate(provider: MeterProvider | None, watched: Watched | None = None) -> 
 
 def register(meter: Meter, provider: MeterProvider) -> Tallies:
     """Create the observable instruments on ``meter``, once per ``provider``; return its
-    ``messaging.client.sent.messages`` and ``messaging.client.consumed.messages`` tallies."""
+    ``messaging.client.sent.messages``, ``messaging.client.consumed.messages`` and
+    ``nsq.consumer.out_of_order`` tallies."""
     with _lock:
         known = _registered.get(id(provider))
         if known is not None:
             return known[1]
-        tallies = (Tally(), Tally())
+        tallies = (Tally(), Tally(), Tally())
         _registered[id(provider)] = (provider, tallies)
 
     def observing(
@@ -241,10 +250,11 @@ def register(meter: Meter, provider: MeterProvider) -> Tallies:
 
         return callback
 
-    sent, consumed = tallies
+    sent, consumed, out_of_order = tallies
     readers: dict[str, Callable[[Watched], Iterable[_Value]]] = {
         n.SENT_MESSAGES: lambda watched: sent.read(),
         n.CONSUMED_MESSAGES: lambda watched: consumed.read(),
+        n.OUT_OF_ORDER: lambda watched: out_of_order.read(),
         "nsq.consumer.connections": _consumer_connections,
         "nsq.consumer.rdy": lambda watched: _per_connection(watched, "rdy"),
         "nsq.consumer.in_flight": lambda watched: _per_connection(watched, "in_flight"),

@@ -81,7 +81,7 @@ class NSQInstrumentor(BaseInstrumentor):
         meter_provider = kwargs.get("meter_provider") or metrics.get_meter_provider()
         tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
         meter = metrics.get_meter(SCOPE, __version__, meter_provider)
-        sent, consumed = gauges.register(meter, meter_provider)
+        sent, consumed, out_of_order = gauges.register(meter, meter_provider)
         publish = PublishTelemetry(
             tracer,
             sent,
@@ -98,6 +98,7 @@ class NSQInstrumentor(BaseInstrumentor):
             _duration(meter, n.PROCESS_DURATION, "Duration of processing operation."),
             bool(kwargs.get("extract", True)),
             bool(kwargs.get("finish_events", False)),
+            out_of_order,
         )
         watched = gauges.Watched()
         observer = TelemetryObserver(publish, consume, watched)

@@ -41,6 +41,7 @@ __all__ = [
     "CONSUMED_MESSAGES",
     "OPERATION_DURATION",
     "PROCESS_DURATION",
+    "OUT_OF_ORDER",
     "DURATION_BUCKETS",
     "split_address",
     "add_server",
@@ -70,6 +71,9 @@ SENT_MESSAGES = "messaging.client.sent.messages"  # counter, {message}
 CONSUMED_MESSAGES = "messaging.client.consumed.messages"  # counter, {message}
 OPERATION_DURATION = "messaging.client.operation.duration"  # histogram, s
 PROCESS_DURATION = "messaging.process.duration"  # histogram, s
+
+#: youzan, ordered consumption: messages whose offset went backwards on their partition
+OUT_OF_ORDER = "nsq.consumer.out_of_order"  # counter, {message}
 
 #: the bucket boundaries the conventions advise for messaging durations (seconds)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)

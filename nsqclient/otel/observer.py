@@ -34,6 +34,7 @@ class TelemetryObserver:
         self.handler_started = consume.handler_started
         self.handler_ended = consume.handler_ended
         self.message_given_up = consume.message_given_up
+        self.message_out_of_order = consume.message_out_of_order
         self.messages_answered = consume.messages_answered
         self.messages_taken = consume.messages_taken
         self.batches_taken = consume.batches_taken

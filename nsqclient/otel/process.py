@@ -103,9 +103,12 @@ class ConsumeTelemetry:
         duration: Histogram,
         extract: bool,
         finish_events: bool = False,
+        out_of_order: Tally | None = None,
     ):
         self.tracer = tracer
         self.consumed = consumed
+        #: youzan, ordered: the messages whose offset went backwards on their partition
+        self.out_of_order = Tally() if out_of_order is None else out_of_order
         self.duration = duration
         self.extract = extract
         #: record every FIN as an event on its process span (by default only a FIN that
@@ -162,6 +165,17 @@ class ConsumeTelemetry:
         if not message.has_responded():
             # taken over with enable_async(): its answer comes later, from anywhere
             self._remember(consumer, message, open_)
+
+    def message_out_of_order(self, consumer: Consumer, message: Message, last_offset: int) -> None:
+        attributes = {
+            n.SYSTEM: n.SYSTEM_NAME,
+            n.DESTINATION: consumer.topic,
+            n.CONSUMER_GROUP: consumer.channel,
+        }
+        if message.partition is not None:
+            attributes[n.PARTITION] = str(message.partition)
+        n.add_server(attributes, message.nsqd_address)
+        self.out_of_order.add(1, attributes)
 
     def message_given_up(self, consumer: Consumer, message: Message) -> None:
         event = (

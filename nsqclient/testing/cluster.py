@@ -247,19 +247,57 @@ class EmbeddedNSQ:
             self.lookupds.append(LookupdNode(self.host, server.tcp_port, server.http_port))
         self.lookupd = self.lookupds[0]
 
-    def stop_lookupd(self) -> None:
-        """Stop the nsqlookupd (connections drop, registrations are forgotten)."""
-        if self._lookupd_server is not None:
+    def stop_lookupd(self, i: int = 0) -> None:
+        """Stop the nsqlookupd (connections drop, registrations are forgotten): its ports
+        refuse connections until :meth:`start_lookupd`.  In youzan mode, lookupd ``i`` (the
+        cluster's metadata stays: it answers as before once started again)."""
+        if self.youzan:
+            self._call(self._youzan_lookupd(i).stop())
+        elif self._lookupd_server is not None:
+            self._only_lookupd(i)
             self._call(self._lookupd_server.stop())
 
-    def start_lookupd(self) -> None:
-        """Start the nsqlookupd again on the same ports (nodes reconnect and re-register)."""
+    def start_lookupd(self, i: int = 0) -> None:
+        """Start the nsqlookupd again on the same ports (nodes reconnect and re-register);
+        in youzan mode, lookupd ``i``."""
+        if self.youzan:
+            self._call(self._youzan_lookupd(i).start())
+            return
         if self._lookupd_server is None:
             raise RuntimeError("this cluster has no nsqlookupd")
+        self._only_lookupd(i)
         self._call(self._start_lookupd_async())
         for server in self._servers:
             if server.running:
                 self._wait_registered(server)
+
+    def stall_lookupd(self, i: int = 0) -> None:
+        """(embedded only) The nsqlookupd (youzan mode: lookupd ``i``) keeps accepting
+        connections but answers nothing, HTTP or TCP, until :meth:`unstall_lookupd`: a
+        request to it hangs until the client's timeout, as youzan's nsqlookupd did while a
+        killed leader's registration lingered."""
+        self._call(self._lookupd_listeners(i).stall)
+
+    def unstall_lookupd(self, i: int = 0) -> None:
+        """Answer again after :meth:`stall_lookupd` (what was asked meanwhile is answered)."""
+        self._call(self._lookupd_listeners(i).unstall)
+
+    def _only_lookupd(self, i: int) -> None:
+        if i != 0:
+            raise IndexError(f"a classic cluster has one nsqlookupd (0), not {i}")
+
+    def _youzan_lookupd(self, i: int) -> YouzanLookupd:
+        if not self._youzan_lookupds:
+            raise RuntimeError("this cluster has no nsqlookupd")
+        return self._youzan_lookupds[i]
+
+    def _lookupd_listeners(self, i: int) -> YouzanLookupd | Lookupd:
+        if self.youzan:
+            return self._youzan_lookupd(i)
+        self._only_lookupd(i)
+        if self._lookupd_server is None:
+            raise RuntimeError("this cluster has no nsqlookupd")
+        return self._lookupd_server
 
     # -- nsqd
 
@@ -522,6 +560,27 @@ class EmbeddedNSQ:
             ),
         )
         return found[0]
+
+    def refuse_publishes(
+        self, i: int, error: str = "E_PUB_FAILED exiting", count: int | None = None
+    ) -> None:
+        """(youzan mode) Node ``i`` answers publishes with the error frame ``error`` (``"CODE
+        description"``: e.g. ``"E_PUB_FAILED exiting"``, what a SIGTERMed leader answers;
+        ``"E_PUB_FAILED pub timeout while pop wait queue"``; ``"E_FAILED_ON_NOT_LEADER "``),
+        after reading each body and storing nothing, the connection left open: the next
+        ``count`` publishes, or every one until :meth:`accept_publishes`.  An MPUB gets
+        E_MPUB_FAILED where ``error`` says E_PUB_FAILED, as youzan's nsqd answers."""
+        self._youzan()
+        server = self._servers[i]
+        assert isinstance(server, YouzanNSQD)
+        self._call(lambda: server.refuse_publishes(error, count))
+
+    def accept_publishes(self, i: int) -> None:
+        """(youzan mode) Node ``i`` stores publishes again after :meth:`refuse_publishes`."""
+        self._youzan()
+        server = self._servers[i]
+        assert isinstance(server, YouzanNSQD)
+        self._call(server.accept_publishes)
 
     def move_leader(self, topic: str, partition: int, node: int) -> None:
         """Make node ``node`` lead the partition, mid-run (a fault control).

@@ -130,6 +130,11 @@ def _http_get(url: str, timeout: float) -> tuple[int, bytes]:
 _LIVE: weakref.WeakSet[_Process] = weakref.WeakSet()
 
 
+def _only_lookupd(i: int) -> None:
+    if i != 0:
+        raise IndexError(f"RealNSQ runs one nsqlookupd (0), not {i}")
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     for proc in list(_LIVE):
@@ -394,8 +399,9 @@ class RealNSQ:
             self._check_open()
             return self._start_new_nsqd({**self._nsqd_options, **nsqd_options}).node
 
-    def stop_lookupd(self) -> None:
-        """Terminate nsqlookupd and wait for it to exit."""
+    def stop_lookupd(self, i: int = 0) -> None:
+        """Terminate nsqlookupd (``i``: 0, the only one) and wait for it to exit."""
+        _only_lookupd(i)
         with self._lock:
             slot = self._require_lookupd()
             if slot.stopped:
@@ -404,10 +410,11 @@ class RealNSQ:
             slot.process.stop()
             slot.stopped = True
 
-    def start_lookupd(self) -> None:
+    def start_lookupd(self, i: int = 0) -> None:
         """Restart nsqlookupd on the same ports.  The nsqds reconnect on their own schedule
         (real nsqd retries on its next lookupd command or 15 s ping), so this does not wait
         for them to register again."""
+        _only_lookupd(i)
         with self._lock:
             self._check_open()
             slot = self._require_lookupd()
@@ -427,6 +434,23 @@ class RealNSQ:
     def unstall_nsqd(self, i: int) -> None:
         """Resume nsqd ``i`` after :meth:`stall_nsqd` (SIGCONT)."""
         self._nsqd_process(i).signal(_posix_signal("SIGCONT", "unstall_nsqd"))
+
+    def stall_lookupd(self, i: int = 0) -> None:
+        """Freeze nsqlookupd (SIGSTOP): connections are accepted by the kernel, nothing is
+        answered."""
+        self._lookupd_process(i).signal(signal.SIGSTOP)
+
+    def unstall_lookupd(self, i: int = 0) -> None:
+        """Resume nsqlookupd after :meth:`stall_lookupd` (SIGCONT)."""
+        self._lookupd_process(i).signal(signal.SIGCONT)
+
+    def _lookupd_process(self, i: int) -> _Process:
+        _only_lookupd(i)
+        with self._lock:
+            process = self._require_lookupd().process
+        if process is None or not process.running:
+            raise RealNSQError("nsqlookupd is not running")
+        return process
 
     def _nsqd_process(self, i: int) -> _Process:
         with self._lock:

@@ -90,6 +90,17 @@ def test_stop_and_start_lookupd_keeps_ports(nsqd):
     assert ping(nsqd.lookupd.http_url)
 
 
+def test_a_stalled_lookupd_answers_nothing_until_unstalled(nsqd):
+    url = f"{nsqd.lookupd.http_url}/ping"
+    nsqd.stall_lookupd()
+    try:
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            requests.get(url, timeout=0.3)
+    finally:
+        nsqd.unstall_lookupd()
+    assert ping(nsqd.lookupd.http_url)
+
+
 @pytest.mark.real_only
 def test_real_only_marker_runs_only_on_real(nsq_broker_kind):
     assert nsq_broker_kind == "real"

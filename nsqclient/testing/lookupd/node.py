@@ -70,6 +70,24 @@ class LookupdListeners(Listeners):
                 pass
         self._servers = []
 
+    def stall(self) -> None:
+        """Keep accepting connections but stop reading them (TCP and HTTP)."""
+        self.stalled = True
+        for conn in self.conns:
+            if conn.transport is not None:
+                conn.transport.pause_reading()
+        for http_conn in self.http_conns:
+            if http_conn.transport is not None:
+                http_conn.transport.pause_reading()
+
+    def unstall(self) -> None:
+        """Answer again after :meth:`stall`."""
+        self.stalled = False
+        for conn in list(self.conns):
+            conn.resume()
+        for http_conn in list(self.http_conns):
+            http_conn.resume()
+
 
 class Lookupd(LookupdListeners):
     """One embedded nsqlookupd."""
@@ -132,21 +150,3 @@ class Lookupd(LookupdListeners):
     def channels_of(self, topic: str) -> list[str]:
         """The channels registered for ``topic`` (what ``/channels?topic=`` answers)."""
         return self.db.channels_of(topic)
-
-    def stall(self) -> None:
-        """Keep accepting connections but stop reading them (TCP and HTTP)."""
-        self.stalled = True
-        for conn in self.conns:
-            if conn.transport is not None:
-                conn.transport.pause_reading()
-        for http_conn in self.http_conns:
-            if http_conn.transport is not None:
-                http_conn.transport.pause_reading()
-
-    def unstall(self) -> None:
-        """Answer again after :meth:`stall`."""
-        self.stalled = False
-        for conn in list(self.conns):
-            conn.resume()
-        for http_conn in list(self.http_conns):
-            http_conn.resume()

@@ -44,6 +44,10 @@ class YouzanServer(Server, Protocol):
     coordinator: Coordinator
     index: int
 
+    def publish_refusal(self, mpub: bool) -> tuple[str, str] | None:
+        """The (code, description) a publish is refused with on purpose now, if any."""
+        ...
+
 
 def _publish_handler(mpub: bool, trace: bool = False, ext: bool = False) -> Callable[..., int]:
     """The handler of one of youzan's six publish commands (PUB, MPUB and their _TRACE and
@@ -270,7 +274,7 @@ class YouzanClientConn(ClientConn):
                 raise BodyError(
                     "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic_name}"
                 )
-            self._check_writable(state)
+            self._check_writable(state, mpub=False)
         except BodyError as err:
             self.send_error(err.body)
             return after
@@ -279,7 +283,10 @@ class YouzanClientConn(ClientConn):
         self._published(topic_name, 1, reply)
         return after
 
-    def _check_writable(self, state: PartitionState) -> None:
+    def _check_writable(self, state: PartitionState, mpub: bool) -> None:
+        refusal = self.nsqd.publish_refusal(mpub)  # a test's fault (refuse_publishes)
+        if refusal is not None:
+            raise BodyError(*refusal)
         if not self._is_leader(state):
             raise BodyError(NOT_LEADER, "")
         if not self.nsqd.coordinator.accepts_writes(state):
@@ -298,7 +305,7 @@ class YouzanClientConn(ClientConn):
         data = state.data
         try:
             items = self.wire.parse_mpub_body(buf, trace, ext, data.topic, data.ext)
-            self._check_writable(state)
+            self._check_writable(state, mpub=True)
         except BodyError as err:
             self.send_error(err.body)
             return after

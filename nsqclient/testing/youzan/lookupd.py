@@ -356,4 +356,5 @@ class YouzanLookupd(LookupdListeners):
         if not self.running:
             return
         self.running = False
+        self.stalled = False
         await self._close_listeners()

@@ -54,6 +54,10 @@ class YouzanNSQD(NSQD):
         self.rpc_port = 0
         self.peer_id = ""
         self._extra_id = str(random.randrange(100000, 1000000))
+        #: publishes refused on purpose (see refuse_publishes): the error, and how many more
+        #: (None: every one until accept_publishes)
+        self._refusal: tuple[str, str] | None = None
+        self._refusals_left: int | None = None
 
     async def start(self) -> None:
         """Listen; the node gets a new lookup peer id (its distributed id stays)."""
@@ -81,6 +85,38 @@ class YouzanNSQD(NSQD):
             return
         self.coordinator.node_leaving(self.index)
         await super().stop()
+
+    def refuse_publishes(self, error: str, count: int | None = None) -> None:
+        """Answer publishes (every PUB and MPUB form) with the error frame ``error`` (``"CODE
+        description"``), non-fatal, after reading the body and before storing anything: the
+        next ``count`` of them, or every one until :meth:`accept_publishes`.  An MPUB gets
+        E_MPUB_FAILED where ``error`` says E_PUB_FAILED, as youzan's nsqd answers."""
+        code, _, desc = error.partition(" ")
+        if not code.startswith("E_") or not code.replace("_", "").isalnum():
+            raise ValueError(f"an error frame starts with an E_* code, not {error!r}")
+        if count is not None and count < 1:
+            raise ValueError(f"count must be at least 1 (or None), not {count!r}")
+        self._refusal = (code, desc)
+        self._refusals_left = count
+
+    def accept_publishes(self) -> None:
+        """Store publishes again after :meth:`refuse_publishes`."""
+        self._refusal = None
+        self._refusals_left = None
+
+    def publish_refusal(self, mpub: bool) -> tuple[str, str] | None:
+        """The (code, description) a publish is refused with now, if any (and count it)."""
+        refusal = self._refusal
+        if refusal is None:
+            return None
+        if self._refusals_left is not None:
+            self._refusals_left -= 1
+            if self._refusals_left <= 0:
+                self.accept_publishes()
+        code, desc = refusal
+        if mpub and code == "E_PUB_FAILED":
+            code = "E_MPUB_FAILED"
+        return code, desc
 
     @property
     def distributed_id(self) -> str:
