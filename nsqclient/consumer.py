@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
@@ -38,7 +38,7 @@ from .backoff import BackoffState
 from .batch import MessageBatch, Origin
 from .books import Books
 from .checks import check_float, check_int
-from .config import Config, check_owner
+from .config import Config, ConsumerOptions, add_options_help, check_owner
 from .conn import Connection
 from .discovery import Discovery
 from .discovery import split_key as split_key  # re-exported (subscription keys)
@@ -145,9 +145,8 @@ class Consumer:
             on its partition; the message is then handled as usual.
         columnar: pull mode: messages come as :class:`~nsqclient.batch.MessageBatch` columns
             (:meth:`take_batches`), no object per message; :meth:`take` is then refused.
-        **options: :class:`~nsqclient.config.Config` options: ``max_in_flight``,
-            ``concurrency``, ``max_tries``, ``default_requeue_delay``, ``max_backoff_duration``,
-            ``lookupd_poll_interval``, ``msg_timeout``, TLS/compression/auth... (seconds).
+        **options: the options below (:class:`~nsqclient.config.ConsumerOptions` to a type
+            checker), durations in seconds.
     """
 
     def __init__(
@@ -165,7 +164,7 @@ class Consumer:
         ordered: bool = False,
         on_out_of_order: Callable[[Message, int], Any] | None = None,
         columnar: bool = False,
-        **options: Any,
+        **options: Unpack[ConsumerOptions],
     ):
         self.topic = protocol.check_topic_name(topic)
         self.channel = protocol.check_channel_name(channel)
@@ -784,3 +783,6 @@ class Consumer:
                 busy[index] = False
                 if self._stopping.is_set():
                     self._idle.set()
+
+
+add_options_help(Consumer, "Consumer")

@@ -34,7 +34,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Unpack, overload
 
 from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
@@ -42,7 +42,7 @@ from .answers import failure_of, wait_answered
 from .backlog import Backlog
 from .bylookup import LookupPublisher
 from .checks import check_float
-from .config import Config, check_owner
+from .config import Config, ProducerOptions, add_options_help, check_owner
 from .conn import RequestFuture, Waiter
 from .deadlines import DeadlineKeeper
 from .errors import (
@@ -54,6 +54,7 @@ from .observe import ObserverSet, PublishEvent, tell
 from .outer import OuterFutures
 from .partitions import key_bytes
 from .pool import Pool
+from .protocol import Body
 from .publishes import (
     PublishResult,
     check_not_partitioned,
@@ -64,7 +65,13 @@ from .publishes import (
 from .router import Router
 from .undelivered import Ledger, undelivered_error
 
-__all__ = ["Producer", "PublishResult"]
+__all__ = ["Producer", "PublishResult", "Answer", "Key"]
+
+#: What an asynchronous publish's Future resolves to: nsqd's ``b"OK"``, or a
+#: :class:`PublishResult` for a traced publish.
+Answer = bytes | PublishResult
+#: youzan: a sharding key (see :func:`~nsqclient.partitions.key_partition`).
+Key = bytes | str | int | None
 
 logger = logging.getLogger("nsqclient.producer")
 
@@ -102,10 +109,8 @@ class Producer:
             topic, which nsqd to publish to (used instead of ``nsqd_tcp_addresses`` when given).
             On youzan's NSQ this is how publishes find each partition's leader; see
             :meth:`pub`.  Bad addresses raise ValueError here (:mod:`nsqclient.addresses`).
-        **options: any option of :class:`~nsqclient.config.Config` (``pub_timeout``,
-            ``dial_timeout``, ``tls_v1``, ``snappy``, ``auth_secret``, ``heartbeat_interval``,
-            ``lookupd_poll_interval``, ``trace``, ``leader_retries``...).  Durations are
-            seconds.
+        **options: the options below (:class:`~nsqclient.config.ProducerOptions` to a type
+            checker), durations in seconds.
 
     Connections are made on first use.  A Producer made before ``os.fork()`` (gunicorn
     ``--preload``) works in the child: the child makes its own connections.
@@ -115,7 +120,7 @@ class Producer:
         self,
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         lookupd_http_addresses: str | Sequence[str] | None = None,
-        **options: Any,
+        **options: Unpack[ProducerOptions],
     ):
         addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
         lookupds = lookupd_addresses(lookupd_http_addresses, "lookupd_http_addresses")
@@ -177,10 +182,19 @@ class Producer:
 
     # ---------------------------------------------------------------- public API
 
+    @overload
+    def pub(self, topic: str, body: Body, timeout: float | None = None, *,
+            partition: int | None = None, key: Key = None, trace_id: int,
+            ext: dict[str, Any] | None = None) -> PublishResult: ...  # fmt: skip
+    @overload
+    def pub(self, topic: str, body: Body, timeout: float | None = None, *,
+            partition: int | None = None, key: Key = None, trace_id: None = None,
+            ext: dict[str, Any] | None = None) -> PublishResult | None: ...  # fmt: skip
+
     def pub(
         self,
         topic: str,
-        body: bytes | str,
+        body: Body,
         timeout: float | None = None,
         *,
         partition: int | None = None,
@@ -203,8 +217,9 @@ class Producer:
                 option or :meth:`set_tracing` traces every publish, with trace id 0).
             ext: youzan: JSON headers (``PUB_EXT``) for a topic created with extend support.
 
-        Returns None, or for a traced publish a :class:`PublishResult` (message id, trace id,
-        disk queue offset and raw size).
+        Returns None, or, for a traced publish (``trace_id`` given, or the ``trace`` option or
+        :meth:`set_tracing` on), a :class:`PublishResult` (message id, trace id, disk queue
+        offset and raw size).
 
         Raises:
             ValueError: bad topic, body, partition or key, before anything is sent.
@@ -228,10 +243,19 @@ class Producer:
         )
         return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
 
+    @overload
+    def mpub(self, topic: str, bodies: Sequence[Body], timeout: float | None = None, *,
+             partition: int | None = None, key: Key = None, trace_id: int | Sequence[int],
+             ext: dict[str, Any] | None = None) -> PublishResult: ...  # fmt: skip
+    @overload
+    def mpub(self, topic: str, bodies: Sequence[Body], timeout: float | None = None, *,
+             partition: int | None = None, key: Key = None, trace_id: None = None,
+             ext: dict[str, Any] | None = None) -> PublishResult | None: ...  # fmt: skip
+
     def mpub(
         self,
         topic: str,
-        bodies: Sequence[bytes | str],
+        bodies: Sequence[Body],
         timeout: float | None = None,
         *,
         partition: int | None = None,
@@ -253,9 +277,7 @@ class Producer:
         )
         return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
 
-    def dpub(
-        self, topic: str, body: bytes | str, delay: float, timeout: float | None = None
-    ) -> None:
+    def dpub(self, topic: str, body: Body, delay: float, timeout: float | None = None) -> None:
         """Publish one message that nsqd delivers after ``delay`` seconds; see :meth:`pub`.
         Classic NSQ only: youzan's nsqd has no DPUB (ValueError for a partitioned topic)."""
         observers = self._observers.active
@@ -270,23 +292,34 @@ class Producer:
         check_not_partitioned(self._router, topic)
         self._by_lookup.publish(topic, lambda p: command, False, timeout, None, None)
 
+    @overload
+    def pub_async(self, topic: str, body: Body, *, partition: int | None = None,
+                  key: Key = None, trace_id: int,
+                  ext: dict[str, Any] | None = None) -> Future[PublishResult]: ...  # fmt: skip
+    @overload
+    def pub_async(self, topic: str, body: Body, *, partition: int | None = None,
+                  key: Key = None, trace_id: None = None,
+                  ext: dict[str, Any] | None = None) -> Future[Answer]: ...  # fmt: skip
+
     def pub_async(
         self,
         topic: str,
-        body: bytes | str,
+        body: Body,
         *,
         partition: int | None = None,
         key: bytes | str | int | None = None,
         trace_id: int | None = None,
         ext: dict[str, Any] | None = None,
-    ) -> Future:
+    ) -> Future[Any]:  # the overloads above say what it resolves to
         """Publish without waiting: returns a :class:`concurrent.futures.Future` at once, never
         blocking on the network.
 
-        The Future resolves to nsqd's answer (``b"OK"``, or a :class:`PublishResult` when
-        traced) or fails with the error :meth:`pub` would raise: a connection that cannot be
-        made (refused, no handshake within ``handshake_timeout``, closed) fails the Future,
-        within ``pub_timeout`` seconds of the call.  Bad input (topic, body, partition) raises
+        The Future resolves to nsqd's answer: ``b"OK"``, or a :class:`PublishResult` when the
+        publish is traced (``trace_id`` given, or the ``trace`` option or :meth:`set_tracing`
+        on; with ``trace_id`` a type checker knows it).  It fails with the error :meth:`pub`
+        would raise: a connection that cannot be made (refused, no handshake within
+        ``handshake_timeout``, closed) fails the Future, within ``pub_timeout`` seconds of the
+        call.  Bad input (topic, body, partition) raises
         here, at once.  When no connection is ready (the first publish, an nsqd down) or a
         topic's route must be looked up first, that work runs on the Producer's backlog
         thread, in the order of the calls."""
@@ -301,16 +334,25 @@ class Producer:
         )
         return self._by_lookup.submit(topic, build, traced, partition, key)
 
+    @overload
+    def mpub_async(self, topic: str, bodies: Sequence[Body], *, partition: int | None = None,
+                   key: Key = None, trace_id: int | Sequence[int],
+                   ext: dict[str, Any] | None = None) -> Future[PublishResult]: ...  # fmt: skip
+    @overload
+    def mpub_async(self, topic: str, bodies: Sequence[Body], *, partition: int | None = None,
+                   key: Key = None, trace_id: None = None,
+                   ext: dict[str, Any] | None = None) -> Future[Answer]: ...  # fmt: skip
+
     def mpub_async(
         self,
         topic: str,
-        bodies: Sequence[bytes | str],
+        bodies: Sequence[Body],
         *,
         partition: int | None = None,
         key: bytes | str | int | None = None,
         trace_id: int | Sequence[int] | None = None,
         ext: dict[str, Any] | None = None,
-    ) -> Future:
+    ) -> Future[Any]:  # the overloads above say what it resolves to
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
         observers = self._observers.active
         if observers:
@@ -323,8 +365,9 @@ class Producer:
         )
         return self._by_lookup.submit(topic, build, traced, partition, key)
 
-    def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
-        """:meth:`dpub` without waiting; see :meth:`pub_async`."""
+    def dpub_async(self, topic: str, body: Body, delay: float) -> Future[bytes]:
+        """:meth:`dpub` without waiting; see :meth:`pub_async`.  The Future resolves to
+        ``b"OK"``."""
         observers = self._observers.active
         if observers:
             return self._observed(observers, "DPUB", True, topic, body, None, delay, None,
@@ -570,7 +613,7 @@ class Producer:
 
     # ---------------------------------------------------------------- internals
 
-    def _pub_command(self, topic: str, body: bytes | str) -> bytes:
+    def _pub_command(self, topic: str, body: Body) -> bytes:
         """``protocol.pub(topic, body)``, with the command line of a topic already checked
         taken from a cache when the body is plain non-empty bytes."""
         line = self._pub_lines.get(topic)
@@ -656,3 +699,6 @@ def _body_size(body: Any) -> int | None:
 
 def _delay_ms(delay: float) -> int:
     return int(round(check_float(delay, "delay", "seconds", min=0) * 1000))
+
+
+add_options_help(Producer, "Producer")
