@@ -552,6 +552,7 @@ class Producer:
         unanswered = self._wait_answered(deadline)
         self._pool.close(deadline)
         self._deadlines.stop()
+        self._backlog.close(max(deadline - time.monotonic(), 0.1))
         self._observers.close()
         return unanswered
 
