@@ -24,7 +24,7 @@ import nsqclient
 pytest.importorskip("mypy", reason="mypy is not installed (dev extra)")
 
 PROGRAMS = Path(__file__).parent / "typecheck"
-GOOD = ["legacy_pynsq.py", "typed_producer.py", "typed_consumer.py"]
+GOOD = ["legacy_pynsq.py", "typed_producer.py", "typed_consumer.py", "typed_asyncio.py"]
 BAD = "misspelt_options.py"
 #: file:line: severity: message  [code]
 LINE = re.compile(r"^(?P<file>[\w.]+):(?P<line>\d+): (?P<severity>error|note): (?P<message>.*)$")
