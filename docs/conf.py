@@ -24,6 +24,7 @@ nitpick_ignore = [
     for name in (
         "concurrent.futures._base.Future",
         "nsqclient.lookup.T",
+        "nsqclient.awaiting.T",
         "concurrent.futures.Future",
         "Future",
         "threading.Thread",

@@ -7,10 +7,12 @@ The public face::
     consumer.run()
     with nsqclient.Producer(["127.0.0.1:4150"]) as producer:
         producer.pub("topic", b"body")
+    # asyncio (an ASGI app): await nsqclient.aresult(producer.pub_async("topic", b"body"))
 """
 
 from . import compat, errors, observe, protocol
 from ._version import __version__
+from .awaiting import aresult
 from .compat import *  # noqa: F403 - the pynsq drop-in: every name of compat.__all__
 from .compat import PYNSQ_NAMES  # noqa: F401 - pynsq 0.9.1's nsq.__all__
 from .config import Config
@@ -37,6 +39,7 @@ __all__ = [
     "Consumer",
     "Producer",
     "PublishResult",
+    "aresult",
     "key_partition",
     "Message",
     "RequeueMessage",

@@ -3,7 +3,8 @@
 ``pub_async()`` must return within microseconds whatever the network does.  When no connection
 is ready (the first publish, nsqd down, a silent listener in the handshake) the work that could
 block (connecting, looking up) is handed to a :class:`Backlog`: one thread runs the jobs in the
-order they came, so one caller's publishes keep their order, and ends when none is left.
+order they came, so one caller's publishes keep their order, and ends once none has come for
+:data:`LINGER` seconds (or at :meth:`Backlog.close`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ logger = logging.getLogger("nsqclient.producer")
 
 Job = Callable[[], None]
 
+#: Seconds an idle backlog thread waits for another job before it ends.  Starting a thread
+#: blocks its starter until the thread runs (several ms on a busy machine), and the starter is
+#: a pub_async() caller: an event loop's thread in an ASGI app, which must never wait that long.
+LINGER = 5.0
+
 
 class Backlog:
     """Jobs run one at a time, in order, on a thread named ``nsq-backlog-<name>`` that exists
-    only while there are jobs.  A job must not raise (it reports into its own Future); one
-    that does is logged and the next runs."""
+    while there are jobs (and :data:`LINGER` seconds after the last).  A job must not raise
+    (it reports into its own Future); one that does is logged and the next runs."""
 
     def __init__(self, name: str):
         self.name = name
@@ -33,6 +39,9 @@ class Backlog:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition(self._lock)
+        #: a lingering thread waits on it for the next job
+        self._work = threading.Condition(self._lock)
+        self._closed = False
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; start the thread when it is the only one."""
@@ -43,6 +52,18 @@ class Backlog:
                     target=self._run, name=f"nsq-backlog-{self.name}", daemon=True
                 )
                 self._thread.start()
+            else:
+                self._work.notify()
+
+    def close(self, timeout: float = 1.0) -> None:
+        """End the thread once the jobs queued have run (it lingers no more); wait up to
+        ``timeout`` seconds for it to end."""
+        with self._lock:
+            self._closed = True
+            self._work.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def wait_empty(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every job has run; True if it has."""
@@ -53,9 +74,12 @@ class Backlog:
         while True:
             with self._lock:
                 if not self.jobs:
-                    self._thread = None
                     self._idle.notify_all()
-                    return
+                    if not self._closed:
+                        self._work.wait(LINGER)
+                    if not self.jobs:
+                        self._thread = None
+                        return
                 job = self.jobs[0]
             try:
                 job()

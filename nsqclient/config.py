@@ -8,14 +8,27 @@ are seconds (floats); they become milliseconds only on the wire.
 from __future__ import annotations
 
 import difflib
+import inspect
+import math
 import socket
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from .checks import check_float, check_int
 
-__all__ = ["Option", "OPTIONS", "Config", "check_owner"]
+__all__ = [
+    "Option",
+    "OPTIONS",
+    "Config",
+    "CommonOptions",
+    "ConsumerOptions",
+    "ProducerOptions",
+    "ConfigOptions",
+    "check_owner",
+    "options_help",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,30 @@ class Option:
                 return unit
         return None
 
+    @property
+    def accepted(self) -> str:
+        """The values accepted, in words: bounds, choices, special values, None."""
+        kind = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        if self.choices is not None:
+            text = "one of " + ", ".join(f"``{value_text(c)}``" for c in self.choices)
+        elif bool in kind:
+            text = "True or False"
+        elif self.min is not None and self.max is not None:
+            text = f"{value_text(self.min)} to {value_text(self.max)}"
+        elif self.min is not None:
+            text = f">= {value_text(self.min)}"
+        elif self.max is not None:
+            text = f"<= {value_text(self.max)}"
+        else:
+            text = " or ".join(k.__name__ for k in kind)
+        if self.special:
+            text += "; also " + ", ".join(value_text(v) for v in self.special)
+        if self.infinite:
+            text += "; inf"
+        if self.nullable:
+            text += "; None"
+        return text
+
     def validate(self, value: Any) -> Any:
         """``value`` checked (and an int made a float for a float option); TypeError for a wrong
         type (a bool is not a number), ValueError out of range, both naming the option."""
@@ -67,6 +104,15 @@ class Option:
         if self.max is not None and value > self.max:
             raise ValueError(f"{self.name} must be <= {self.max}, not {value!r} ({self.doc})")
         return value
+
+
+def value_text(value: Any) -> str:
+    """An option's value as the documentation shows it (``1`` for 1.0, ``inf``, ``'text'``)."""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 _HOUR = 3600.0
@@ -461,6 +507,78 @@ def check_owner(options: Mapping[str, Any], cls: str) -> None:
             raise TypeError(f"{name} is a {opt.owner} option ({opt.doc}); {cls} does not take it")
 
 
+# The options as a type checker sees them, for ``**options`` (PEP 692): a misspelt or
+# mistyped option is flagged where it is passed.  Kept equal to OPTIONS and to Config's
+# annotations by tests/test_config.py.
+
+
+class CommonOptions(TypedDict, total=False):
+    """The options both a Consumer and a Producer take (those of their connections)."""
+
+    dial_timeout: float
+    read_timeout: float
+    write_timeout: float
+    handshake_timeout: float
+    heartbeat_interval: float
+    output_buffer_size: int
+    output_buffer_timeout: float
+    client_id: str | None
+    hostname: str | None
+    user_agent: str | None
+    sample_rate: int
+    msg_timeout: float | None
+    tls_v1: bool
+    tls_ca_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    tls_verify: bool
+    tls_server_name: str | None
+    snappy: bool
+    deflate: bool
+    deflate_level: int
+    auth_secret: str | bytes | None
+    max_frame_size: int
+    youzan: bool
+    extend_support: bool
+    trace: bool
+    lookupd_poll_interval: float
+    lookupd_request_timeout: float
+    reconnect_interval: float
+    max_reconnect_interval: float
+
+
+class ConsumerOptions(CommonOptions, total=False):
+    """The keyword options of :class:`~nsqclient.Consumer`: :class:`CommonOptions` and these."""
+
+    max_in_flight: int
+    concurrency: int
+    max_tries: int
+    default_requeue_delay: float
+    max_requeue_delay: float
+    max_backoff_duration: float
+    backoff_multiplier: float
+    backoff_strategy: str
+    lookupd_poll_jitter: float
+    low_rdy_idle_timeout: float
+    low_rdy_timeout: float
+    rdy_redistribute_interval: float
+
+
+class ProducerOptions(CommonOptions, total=False):
+    """The keyword options of :class:`~nsqclient.Producer`: :class:`CommonOptions` and these."""
+
+    leader_retries: int
+    pub_timeout: float
+    pub_retries: int
+    max_msg_size: int
+    max_body_size: int
+    exit_flush_timeout: float
+
+
+class ConfigOptions(ConsumerOptions, ProducerOptions, total=False):
+    """Every option: the keyword arguments of :class:`Config`."""
+
+
 class Config:
     """Validated options.  ``Config(max_in_flight=10)``; read them as attributes.
 
@@ -524,7 +642,7 @@ class Config:
 
     __slots__ = tuple(OPTIONS)
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, **options: Unpack[ConfigOptions]) -> None:
         values = {name: opt.default for name, opt in OPTIONS.items()}
         for name, value in options.items():
             opt = OPTIONS.get(name)
@@ -544,7 +662,7 @@ class Config:
     def __delattr__(self, name: str) -> None:
         raise AttributeError("Config is immutable; use replace()")
 
-    def replace(self, **options: Any) -> Config:
+    def replace(self, **options: Unpack[ConfigOptions]) -> Config:
         """A copy with some options changed (validated)."""
         merged = {k: v for k, v in self.as_dict().items() if v != OPTIONS[k].default}
         merged.update(options)
@@ -562,6 +680,40 @@ class Config:
         if "auth_secret" in changed:
             changed["auth_secret"] = "***"
         return f"Config({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+def options_help(cls: str | None) -> str:
+    """The options part of the docstring of the class named ``cls`` ("Consumer" or
+    "Producer"; None: every option, for :class:`Config`), made from :data:`OPTIONS`: each
+    option's name, type, default, unit, accepted values and meaning, as ``help()`` shows them."""
+    hints = Config.__annotations__
+    lines = [
+        "Options (keyword arguments, checked when it is made: a wrong type or a value out of"
+        " range raises TypeError or ValueError naming the option):",
+        "",
+    ]
+    for name, opt in OPTIONS.items():
+        if cls is not None and opt.owner not in (None, cls):
+            continue
+        unit = f", {opt.unit}" if opt.unit else ""
+        lines.append(
+            f"``{name}`` ({hints[name]}, default ``{value_text(opt.default)}``{unit};"
+            f" accepted: {opt.accepted})"
+        )
+        lines.append(
+            textwrap.fill(opt.doc, 92, initial_indent="    ", subsequent_indent="    ",
+                          break_long_words=False, break_on_hyphens=False)
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def add_options_help(cls: type, owner: str | None) -> None:
+    """Append :func:`options_help` to ``cls``'s docstring (none under ``python -OO``)."""
+    if cls.__doc__ is not None:
+        cls.__doc__ = inspect.cleandoc(cls.__doc__) + "\n\n" + options_help(owner)
+
+
+add_options_help(Config, None)
 
 
 def _from_dict(values: dict[str, Any]) -> Config:

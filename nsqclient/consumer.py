@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
@@ -38,7 +38,7 @@ from .backoff import BackoffState
 from .batch import MessageBatch, Origin
 from .books import Books
 from .checks import check_float, check_int
-from .config import Config, check_owner
+from .config import Config, ConsumerOptions, add_options_help, check_owner
 from .conn import Connection
 from .discovery import Discovery
 from .discovery import split_key as split_key  # re-exported (subscription keys)
@@ -148,9 +148,8 @@ class Consumer:
             offset.
         columnar: pull mode: messages come as :class:`~nsqclient.batch.MessageBatch` columns
             (:meth:`take_batches`), no object per message; :meth:`take` is then refused.
-        **options: :class:`~nsqclient.config.Config` options: ``max_in_flight``,
-            ``concurrency``, ``max_tries``, ``default_requeue_delay``, ``max_backoff_duration``,
-            ``lookupd_poll_interval``, ``msg_timeout``, TLS/compression/auth... (seconds).
+        **options: the options below (:class:`~nsqclient.config.ConsumerOptions` to a type
+            checker), durations in seconds.
     """
 
     def __init__(
@@ -168,7 +167,7 @@ class Consumer:
         ordered: bool = False,
         on_out_of_order: Callable[[Message, int], Any] | None = None,
         columnar: bool = False,
-        **options: Any,
+        **options: Unpack[ConsumerOptions],
     ):
         self.topic = protocol.check_topic_name(topic)
         self.channel = protocol.check_channel_name(channel)
@@ -566,10 +565,14 @@ class Consumer:
 
     def is_saturated(self) -> bool:
         """True when nsqd will send nothing more until something is answered: every
-        connection with a RDY above 0 has that many messages in flight (and one has)."""
+        connection with a RDY above 0 has that many messages in flight (and one has), and
+        no RDY is about to be raised (a connection's first message, received at RDY 1, is
+        not saturation: its RDY is raised next)."""
         with self._lock:
             conns = [i.conn for i in self._conns.values() if i.conn.rdy > 0]
-            return bool(conns) and all(c.in_flight >= c.rdy for c in conns)
+            if not conns or any(c.in_flight < c.rdy for c in conns):
+                return False
+            return not self._rdy.would_raise()
 
     def add_observer(self, observer: Any) -> None:
         """Tell ``observer`` what this Consumer does (see :mod:`nsqclient.observe`)."""
@@ -581,12 +584,19 @@ class Consumer:
 
     # ================================================================ pull mode
 
-    def take(self, max_messages: int | None = None, timeout: float = 0.0) -> list[Message]:
+    def take(
+        self, max_messages: int | None = None, timeout: float = 0.0, *, fill: bool = False
+    ) -> list[Message]:
         """Pull mode: the messages received and not taken yet, oldest first, at most
         ``max_messages`` (None: all).  Waits up to ``timeout`` seconds for the first one
         (0: never blocks); [] when none came, or the Consumer is stopping (then it waits up
         to ``timeout`` for the stop to end, so that a ``while consumer.is_running`` loop does
         not spin).
+
+        ``fill=True`` fills a batch: once the first message is there it keeps taking until
+        ``max_messages`` are there, ``timeout`` seconds have passed since the call, or
+        :meth:`is_saturated` (nsqd sends nothing more until something is answered, so the
+        batch would never fill), whichever comes first.
 
         Each message has been through what a handler's goes through first (the trace log,
         youzan's ordered-offset check, the give-up at ``max_tries``: a message given up on is
@@ -599,9 +609,10 @@ class Consumer:
         lowered for another may briefly add to it, as in go-nsq).
 
         Raises:
-            RuntimeError: the Consumer has a handler.
+            RuntimeError: the Consumer has a handler, or was never started (nothing is
+                received before :meth:`start`).
         """
-        batch = self._take_items(max_messages, timeout, columnar=False)
+        batch = self._take_items(max_messages, timeout, False, fill)
         if not batch:
             return []
         for message in batch:
@@ -615,7 +626,7 @@ class Consumer:
         return kept
 
     def take_batches(
-        self, max_messages: int | None = None, timeout: float = 0.0
+        self, max_messages: int | None = None, timeout: float = 0.0, *, fill: bool = False
     ) -> list[MessageBatch]:
         """Columnar pull mode (``columnar=True``): what :meth:`take` does, but the messages
         come as :class:`~nsqclient.batch.MessageBatch` objects (one per socket read and
@@ -623,12 +634,14 @@ class Consumer:
         no Python object per message.  Answer each batch (``batch.finish()``, ...), or many at
         once with :meth:`finish_batches` / :meth:`requeue_batches`; :meth:`touch_batches`
         restarts nsqd's timeout.  A batch may be cut in two (``batch.split(i)``), each part
-        then answered on its own.
+        then answered on its own.  ``fill=True`` waits for ``max_messages`` as :meth:`take`
+        does.
 
         Raises:
-            RuntimeError: the Consumer was not made with ``columnar=True``.
+            RuntimeError: the Consumer was not made with ``columnar=True``, or was never
+                started.
         """
-        batches = self._take_items(max_messages, timeout, columnar=True)
+        batches = self._take_items(max_messages, timeout, True, fill)
         if not batches:
             return []
         batches = self._handling.prepare_batches(batches, self._responder)
@@ -639,12 +652,20 @@ class Consumer:
             tell(observers, "batches_taken", self, batches)
         return batches
 
-    def _take_items(self, max_messages: int | None, timeout: float, columnar: bool) -> list[Any]:
+    def _take_items(
+        self, max_messages: int | None, timeout: float, columnar: bool, fill: bool
+    ) -> list[Any]:
         if not self._pull:
             raise RuntimeError("take() is for a Consumer made without a handler (handler=None)")
         if self._columnar != columnar:
             use = "take_batches()" if self._columnar else "take()"
             raise RuntimeError(f"this Consumer was made with columnar={self._columnar}: use {use}")
+        if not self._started:
+            call = "take_batches()" if columnar else "take()"
+            raise RuntimeError(
+                f"{call} on a Consumer that was never started: call consumer.start() first"
+                " (nothing is received before it; the messages wait in nsqd)"
+            )
         # The common poll (nothing to take, no wait) answered at once: a zero int or float
         # only, which check_float below passes too (False is refused there).
         zero = type(timeout) in (int, float) and timeout == 0
@@ -654,7 +675,10 @@ class Consumer:
             check_int(max_messages, "max_messages", "messages", min=1)
         check_float(timeout, "timeout", "seconds", min=0)
         deadline = time.monotonic() + timeout
-        items = self._intake.take(max_messages, timeout, self._stopping)
+        if fill:
+            items = self._intake.fill(max_messages, timeout, self._stopping, self.is_saturated)
+        else:
+            items = self._intake.take(max_messages, timeout, self._stopping)
         if not items and self._stopping.is_set():
             # nothing more is handed out: wait for the stop, not a busy loop
             self._stopped.wait(max(deadline - time.monotonic(), 0.0))
@@ -764,3 +788,6 @@ class Consumer:
                 busy[index] = False
                 if self._stopping.is_set():
                     self._idle.set()
+
+
+add_options_help(Consumer, "Consumer")

@@ -2,13 +2,14 @@
 
 A connection to an nsqd that hangs (SIGSTOP, a frozen VM) keeps its requests pending until the
 heartbeat check closes it, a minute later.  One thread per Producer, ``nsq-deadlines-<name>``,
-runs while publishes are in flight: every ``tick`` it notes each connection's
-:meth:`~nsqclient.conn.Connection.request_mark`, and has the connection fail what was sent
-before a mark noted ``pub_timeout`` seconds ago (:meth:`~nsqclient.conn.Connection.
-expire_before`).  So a publish fails at most ``tick`` after its ``pub_timeout``, and a publish
-costs nothing for it: no clock read, no deadline kept per request.  Publishes handed to a
-Future before they reach a connection (the backlog, retries by lookup) carry their own
-deadline, which the Producer's :class:`~nsqclient.outer.OuterFutures` enforce at the same ticks.
+runs while publishes are in flight (and :data:`LINGER` seconds after): every ``tick`` it notes
+each connection's :meth:`~nsqclient.conn.Connection.request_mark`, and has the connection fail
+what was sent before a mark noted ``pub_timeout`` seconds ago
+(:meth:`~nsqclient.conn.Connection.expire_before`).  So a publish fails at most ``tick`` after
+its ``pub_timeout``, and a publish costs nothing for it: no clock read, no deadline kept per
+request.  Publishes handed to a Future before they reach a connection (the backlog, retries by
+lookup) carry their own deadline, which the Producer's :class:`~nsqclient.outer.OuterFutures`
+enforce at the same ticks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from .conn import Connection
 __all__ = ["DeadlineKeeper", "tick_for"]
 
 logger = logging.getLogger("nsqclient.producer")
+
+#: Seconds the thread goes on ticking with nothing in flight before it ends: its start blocks
+#: the publisher that needs it (an event loop's thread, in an ASGI app) until it runs.
+LINGER = 5.0
 
 
 def tick_for(period: float) -> float:
@@ -112,10 +117,13 @@ class DeadlineKeeper:
         return busy
 
     def _run(self) -> None:
+        idle_since = time.monotonic()  # when it last had something in flight
         while True:
-            busy = self._pass(time.monotonic())
+            now = time.monotonic()
+            if self._pass(now):
+                idle_since = now
             with self._cond:
-                if not busy:
+                if now - idle_since >= LINGER:
                     # Nothing in flight: end, unless something came meanwhile.  A publisher
                     # that read running=True before this line had queued its request before
                     # it, and this last look sees it; one that reads False starts a thread.

@@ -15,6 +15,8 @@ forecast and waits for the server to close.
 from __future__ import annotations
 
 import string
+from concurrent.futures import Future
+from typing import Any
 
 __all__ = [
     "NSQError",
@@ -116,20 +118,21 @@ class UndeliveredError(NSQError):
     and whose outcome nobody took from their Future.
 
     ``futures`` holds those Futures (the first 10,000; ``count`` counts them all), each with its
-    own exception once done; ``failed`` and ``unanswered`` split ``count``.  A Future whose
-    outcome was already taken (``result()``, ``exception()``, ``add_done_callback()``) is not
-    reported again.
+    own exception once done (one still unanswered may yet resolve as a ``pub_async()`` Future
+    does: ``b"OK"`` or a :class:`~nsqclient.PublishResult`); ``failed`` and ``unanswered``
+    split ``count``.  A Future whose outcome was already taken (``result()``, ``exception()``,
+    ``add_done_callback()``) is not reported again.
     """
 
     def __init__(
         self,
         message: str = "",
-        futures: list | None = None,
+        futures: list[Future[Any]] | None = None,
         failed: int = 0,
         unanswered: int = 0,
     ):
         super().__init__(message)
-        self.futures = list(futures or [])
+        self.futures: list[Future[Any]] = list(futures or [])
         self.failed = failed
         self.unanswered = unanswered
         self.count = failed + unanswered

@@ -4,7 +4,7 @@
 Items are :class:`~nsqclient.message.Message` objects, or :class:`~nsqclient.batch.MessageBatch`
 for a columnar Consumer.  A connection's reader thread appends a whole socket read's worth at
 once (:meth:`Intake.put`); workers pop one item at a time, takers take many
-(:meth:`Intake.take`).
+(:meth:`Intake.take`, or :meth:`Intake.fill` to wait for a full batch).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from .backoff import BackoffMode
@@ -99,6 +100,29 @@ class Intake:
                 return self._cut_batches(max_messages)
             return self._cut_messages(max_messages)
 
+    def fill(
+        self,
+        max_messages: int | None,
+        timeout: float,
+        stopping: threading.Event,
+        saturated: Callable[[], bool],
+    ) -> list[Any]:
+        """:meth:`take`, then more as they arrive, until there are ``max_messages`` (None: no
+        limit), ``timeout`` seconds have passed, the Consumer stops, or ``saturated()`` (nsqd
+        sends nothing more until something is answered: called without :attr:`cond`)."""
+        deadline = time.monotonic() + timeout
+        items = self.take(max_messages, timeout, stopping)
+        count = _count(items)
+        while items and count != max_messages and not stopping.is_set() and not saturated():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            more = self.take(None if max_messages is None else max_messages - count, remaining,
+                             stopping)  # fmt: skip
+            items += more
+            count += _count(more)
+        return items
+
     def _cut_messages(self, max_messages: int | None) -> list[Any]:
         work = self.work
         if max_messages is None or max_messages >= len(work):
@@ -143,6 +167,13 @@ class Intake:
         with self.cond:
             self.exit = True
             self.cond.notify_all()
+
+
+def _count(items: list[Any]) -> int:
+    """How many messages ``items`` (messages, or batches) hold."""
+    if items and type(items[0]) is MessageBatch:
+        return sum(len(batch) for batch in items)
+    return len(items)
 
 
 def _message_conn(message: Any) -> Connection:

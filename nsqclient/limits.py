@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from .errors import BadBodyError, BadMessageError, NSQError
 from .http import NsqdHTTPClient
 
-__all__ = ["Limits", "fetch_limits"]
+__all__ = ["Limits", "body_size", "fetch_limits"]
 
 logger = logging.getLogger("nsqclient.producer")
 
@@ -100,6 +100,28 @@ class Limits:
         if body - 4 - 4 * len(sizes) > self.msg:  # one of them may be too big
             for size in sizes:
                 self.check_message(size, "MPUB")
+
+    def check_body(self, body: object) -> None:
+        """A PUB body (of any form the encoders take) checked against :attr:`msg`; what is
+        not a body is left to the encoders, which say what is wrong with it."""
+        size = body_size(body)
+        if size is not None:
+            self.check_message(size, "PUB")
+
+    def check_bodies(self, bodies: object) -> None:
+        """An MPUB's bodies checked against the limits (bad input is the encoders')."""
+        if isinstance(bodies, Sequence) and not isinstance(bodies, str | bytes):
+            sizes = [body_size(b) for b in bodies]
+            self.check_mpub([s for s in sizes if s is not None])
+
+
+def body_size(body: object) -> int | None:
+    """Bytes of a body as it goes on the wire (a str as UTF-8); None for what is no body."""
+    if isinstance(body, str):
+        return len(body.encode())
+    if isinstance(body, memoryview):
+        return body.nbytes
+    return len(body) if isinstance(body, bytes | bytearray) else None
 
 
 def fetch_limits(http_address: str, timeout: float) -> tuple[int, int]:

@@ -34,7 +34,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Unpack, overload
 
 from . import protocol
 from .addresses import lookupd_addresses, nsqd_addresses
@@ -42,20 +42,21 @@ from .answers import failure_of, wait_answered
 from .backlog import Backlog
 from .bylookup import LookupPublisher
 from .checks import check_float
-from .config import Config, check_owner
+from .config import Config, ProducerOptions, add_options_help, check_owner
 from .conn import RequestFuture, Waiter
 from .deadlines import DeadlineKeeper
 from .errors import (
     ConnectionClosedError,
     UndeliveredError,
 )
-from .limits import Limits
+from .limits import Limits, body_size
 from .lookup import LookupdPool
 from .observe import ObserverSet, PublishEvent, tell
 from .outer import OuterFuture, OuterFutures, ResendableFuture
 from .partitions import key_bytes
 from .platforms import register_at_fork
 from .pool import Pool
+from .protocol import Body
 from .publishes import (
     PublishResult,
     check_not_partitioned,
@@ -66,7 +67,13 @@ from .publishes import (
 from .router import Router
 from .undelivered import Ledger, undelivered_error
 
-__all__ = ["Producer", "PublishResult"]
+__all__ = ["Producer", "PublishResult", "Answer", "Key"]
+
+#: What an asynchronous publish's Future resolves to: nsqd's ``b"OK"``, or a
+#: :class:`PublishResult` for a traced publish.
+Answer = bytes | PublishResult
+#: youzan: a sharding key (see :func:`~nsqclient.partitions.key_partition`).
+Key = bytes | str | int | None
 
 logger = logging.getLogger("nsqclient.producer")
 
@@ -107,10 +114,8 @@ class Producer:
         nsqd_http_addresses: the HTTP address (``"host:port"`` or ``"http://host:port"``) of
             each of ``nsqd_tcp_addresses``, in the same order, where each nsqd's size limits
             are read once connected (lookup names them by itself); see ``max_msg_size``.
-        **options: any option of :class:`~nsqclient.config.Config` (``pub_timeout``,
-            ``dial_timeout``, ``tls_v1``, ``snappy``, ``auth_secret``, ``heartbeat_interval``,
-            ``lookupd_poll_interval``, ``trace``, ``leader_retries``, ``max_msg_size``,
-            ``max_body_size``...).  Durations are seconds, sizes bytes.
+        **options: the options below (:class:`~nsqclient.config.ProducerOptions` to a type
+            checker), durations in seconds, sizes in bytes.
 
     Connections are made on first use.  A Producer made before ``os.fork()`` (gunicorn
     ``--preload``) works in the child: the child makes its own connections.
@@ -122,7 +127,7 @@ class Producer:
         lookupd_http_addresses: str | Sequence[str] | None = None,
         *,
         nsqd_http_addresses: str | Sequence[str] | None = None,
-        **options: Any,
+        **options: Unpack[ProducerOptions],
     ):
         addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
         lookupds = lookupd_addresses(lookupd_http_addresses, "lookupd_http_addresses")
@@ -204,10 +209,19 @@ class Producer:
 
     # ---------------------------------------------------------------- public API
 
+    @overload
+    def pub(self, topic: str, body: Body, timeout: float | None = None, *,
+            partition: int | None = None, key: Key = None, trace_id: int,
+            ext: dict[str, Any] | None = None) -> PublishResult: ...  # fmt: skip
+    @overload
+    def pub(self, topic: str, body: Body, timeout: float | None = None, *,
+            partition: int | None = None, key: Key = None, trace_id: None = None,
+            ext: dict[str, Any] | None = None) -> PublishResult | None: ...  # fmt: skip
+
     def pub(
         self,
         topic: str,
-        body: bytes | str,
+        body: Body,
         timeout: float | None = None,
         *,
         partition: int | None = None,
@@ -230,8 +244,9 @@ class Producer:
                 option or :meth:`set_tracing` traces every publish, with trace id 0).
             ext: youzan: JSON headers (``PUB_EXT``) for a topic created with extend support.
 
-        Returns None, or for a traced publish a :class:`PublishResult` (message id, trace id,
-        disk queue offset and raw size).
+        Returns None, or, for a traced publish (``trace_id`` given, or the ``trace`` option or
+        :meth:`set_tracing` on), a :class:`PublishResult` (message id, trace id, disk queue
+        offset and raw size).
 
         Raises:
             ValueError: bad topic, body, partition or key, before anything is sent.
@@ -254,16 +269,25 @@ class Producer:
         if self._classic(partition, key, trace_id, ext):
             self._pool.publish_on(self._pub_command(topic, body), None, timeout)
             return None
-        self._check_body(body)
+        self._limits.check_body(body)
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
         )
         return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
 
+    @overload
+    def mpub(self, topic: str, bodies: Sequence[Body], timeout: float | None = None, *,
+             partition: int | None = None, key: Key = None, trace_id: int | Sequence[int],
+             ext: dict[str, Any] | None = None) -> PublishResult: ...  # fmt: skip
+    @overload
+    def mpub(self, topic: str, bodies: Sequence[Body], timeout: float | None = None, *,
+             partition: int | None = None, key: Key = None, trace_id: None = None,
+             ext: dict[str, Any] | None = None) -> PublishResult | None: ...  # fmt: skip
+
     def mpub(
         self,
         topic: str,
-        bodies: Sequence[bytes | str],
+        bodies: Sequence[Body],
         timeout: float | None = None,
         *,
         partition: int | None = None,
@@ -280,15 +304,13 @@ class Producer:
         if self._classic(partition, key, trace_id, ext):
             self._pool.publish_on(self._mpub_command(topic, bodies), None, timeout)
             return None
-        self._check_bodies(bodies)
+        self._limits.check_bodies(bodies)
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
         )
         return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
 
-    def dpub(
-        self, topic: str, body: bytes | str, delay: float, timeout: float | None = None
-    ) -> None:
+    def dpub(self, topic: str, body: Body, delay: float, timeout: float | None = None) -> None:
         """Publish one message that nsqd delivers after ``delay`` seconds; see :meth:`pub`.
         Classic NSQ only: youzan's nsqd has no DPUB (ValueError for a partitioned topic)."""
         observers = self._observers.active
@@ -303,23 +325,34 @@ class Producer:
         check_not_partitioned(self._router, topic)
         self._by_lookup.publish(topic, lambda p: command, False, timeout, None, None)
 
+    @overload
+    def pub_async(self, topic: str, body: Body, *, partition: int | None = None,
+                  key: Key = None, trace_id: int,
+                  ext: dict[str, Any] | None = None) -> Future[PublishResult]: ...  # fmt: skip
+    @overload
+    def pub_async(self, topic: str, body: Body, *, partition: int | None = None,
+                  key: Key = None, trace_id: None = None,
+                  ext: dict[str, Any] | None = None) -> Future[Answer]: ...  # fmt: skip
+
     def pub_async(
         self,
         topic: str,
-        body: bytes | str,
+        body: Body,
         *,
         partition: int | None = None,
         key: bytes | str | int | None = None,
         trace_id: int | None = None,
         ext: dict[str, Any] | None = None,
-    ) -> Future:
+    ) -> Future[Any]:  # the overloads above say what it resolves to
         """Publish without waiting: returns a :class:`concurrent.futures.Future` at once, never
         blocking on the network.
 
-        The Future resolves to nsqd's answer (``b"OK"``, or a :class:`PublishResult` when
-        traced) or fails with the error :meth:`pub` would raise: a connection that cannot be
-        made (refused, no handshake within ``handshake_timeout``, closed) fails the Future,
-        within ``pub_timeout`` seconds of the call.  Bad input (topic, body, partition) raises
+        The Future resolves to nsqd's answer: ``b"OK"``, or a :class:`PublishResult` when the
+        publish is traced (``trace_id`` given, or the ``trace`` option or :meth:`set_tracing`
+        on; with ``trace_id`` a type checker knows it).  It fails with the error :meth:`pub`
+        would raise: a connection that cannot be made (refused, no handshake within
+        ``handshake_timeout``, closed) fails the Future, within ``pub_timeout`` seconds of the
+        call.  Bad input (topic, body, partition) raises
         here, at once.  When no connection is ready (the first publish, an nsqd down) or a
         topic's route must be looked up first, that work runs on the Producer's backlog
         thread, in the order of the calls."""
@@ -329,22 +362,31 @@ class Producer:
                                   key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             return self._submit_async(self._pub_command(topic, body))
-        self._check_body(body)
+        self._limits.check_body(body)
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
         )
         return self._by_lookup.submit(topic, build, traced, partition, key)
 
+    @overload
+    def mpub_async(self, topic: str, bodies: Sequence[Body], *, partition: int | None = None,
+                   key: Key = None, trace_id: int | Sequence[int],
+                   ext: dict[str, Any] | None = None) -> Future[PublishResult]: ...  # fmt: skip
+    @overload
+    def mpub_async(self, topic: str, bodies: Sequence[Body], *, partition: int | None = None,
+                   key: Key = None, trace_id: None = None,
+                   ext: dict[str, Any] | None = None) -> Future[Answer]: ...  # fmt: skip
+
     def mpub_async(
         self,
         topic: str,
-        bodies: Sequence[bytes | str],
+        bodies: Sequence[Body],
         *,
         partition: int | None = None,
         key: bytes | str | int | None = None,
         trace_id: int | Sequence[int] | None = None,
         ext: dict[str, Any] | None = None,
-    ) -> Future:
+    ) -> Future[Any]:  # the overloads above say what it resolves to
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
         observers = self._observers.active
         if observers:
@@ -352,14 +394,15 @@ class Producer:
                                   partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
             return self._submit_async(self._mpub_command(topic, bodies))
-        self._check_bodies(bodies)
+        self._limits.check_bodies(bodies)
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
         )
         return self._by_lookup.submit(topic, build, traced, partition, key)
 
-    def dpub_async(self, topic: str, body: bytes | str, delay: float) -> Future:
-        """:meth:`dpub` without waiting; see :meth:`pub_async`."""
+    def dpub_async(self, topic: str, body: Body, delay: float) -> Future[bytes]:
+        """:meth:`dpub` without waiting; see :meth:`pub_async`.  The Future resolves to
+        ``b"OK"``."""
         observers = self._observers.active
         if observers:
             return self._observed(observers, "DPUB", True, topic, body, None, delay, None,
@@ -415,7 +458,7 @@ class Producer:
             command_of = self._mpub_command if batch else self._pub_command
             wire = command_of(topic, payload)
         else:
-            (self._check_bodies if batch else self._check_body)(payload)
+            (self._limits.check_bodies if batch else self._limits.check_body)(payload)
             builder = mpub_builder if batch else pub_builder
             build, traced = builder(self._router, self._tracing, topic, payload, partition,
                                     trace_id, ext)  # fmt: skip
@@ -425,7 +468,7 @@ class Producer:
             asynchronous,
             topic,
             len(payload) if batch else 1,
-            None if batch else _body_size(payload),
+            None if batch else body_size(payload),
             partition,
             ext,
             bool(build) and command != "DPUB" and self._extendable(topic, batch, ext, traced,
@@ -546,6 +589,7 @@ class Producer:
         unanswered = self._wait_answered(deadline)
         self._pool.close(deadline)
         self._deadlines.stop()
+        self._backlog.close(max(deadline - time.monotonic(), 0.1))
         self._observers.close()
         return unanswered
 
@@ -613,7 +657,7 @@ class Producer:
 
     # ---------------------------------------------------------------- internals
 
-    def _pub_command(self, topic: str, body: bytes | str) -> bytes:
+    def _pub_command(self, topic: str, body: Body) -> bytes:
         """``protocol.pub(topic, body)``, with the command line of a topic already checked
         taken from a cache when the body is plain non-empty bytes; BadMessageError above
         the size limit (:mod:`nsqclient.limits`)."""
@@ -629,31 +673,19 @@ class Producer:
         self._pub_lines[topic] = command[: command.index(b"\n") + 1]
         return command
 
-    def _mpub_command(self, topic: str, bodies: Sequence[bytes | str]) -> bytes:
+    def _mpub_command(self, topic: str, bodies: Sequence[Body]) -> bytes:
         """``protocol.mpub(topic, bodies)``, checked against the size limits."""
         command = protocol.mpub(topic, bodies)
         size = len(command) - command.index(b"\n") - 5  # the MPUB body
         if size > self._limits.body or size > self._limits.msg:
-            self._check_bodies(bodies)
+            self._limits.check_bodies(bodies)
         return command
 
-    def _dpub_command(self, topic: str, delay: float, body: bytes | str) -> bytes:
+    def _dpub_command(self, topic: str, delay: float, body: Body) -> bytes:
         """``protocol.dpub(...)``, checked against the size limits."""
         command = protocol.dpub(topic, _delay_ms(delay), body)
         self._limits.check_message(len(command) - command.index(b"\n") - 5, "DPUB")
         return command
-
-    def _check_body(self, body: Any) -> None:
-        """A PUB body (of any form the encoders take) checked against the size limits."""
-        size = _body_size(body)
-        if size is not None:
-            self._limits.check_message(size, "PUB")
-
-    def _check_bodies(self, bodies: Any) -> None:
-        """An MPUB's bodies checked against the size limits (bad input is the encoders')."""
-        if isinstance(bodies, Sequence) and not isinstance(bodies, str | bytes):
-            sizes = [_body_size(b) for b in bodies]
-            self._limits.check_mpub([s for s in sizes if s is not None])
 
     def _submit_async(self, command: bytes) -> Future:
         """A classic asynchronous publish: written at once on a ready connection, or handed
@@ -742,14 +774,8 @@ def _async_ended(observers: tuple[Any, ...], event: PublishEvent, future: Future
         _ended(observers, event, future.answer())  # type: ignore[attr-defined]
 
 
-def _body_size(body: Any) -> int | None:
-    """Bytes of a body as it goes on the wire (a str as UTF-8)."""
-    if isinstance(body, str):
-        return len(body.encode())
-    if isinstance(body, memoryview):
-        return body.nbytes
-    return len(body) if isinstance(body, bytes | bytearray) else None
-
-
 def _delay_ms(delay: float) -> int:
     return int(round(check_float(delay, "delay", "seconds", min=0) * 1000))
+
+
+add_options_help(Producer, "Producer")

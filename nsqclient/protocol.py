@@ -27,6 +27,7 @@ __all__ = [
     "CLOSE_WAIT",
     "DEFAULT_MAX_FRAME_SIZE",
     "LOOKUPD_BAD_PROTOCOL",
+    "Body",
     "Frame",
     "MessageRun",
     "FrameReader",
@@ -143,6 +144,10 @@ def check_channel_name(name: object) -> str:
 # Commands
 
 
+#: What a message body may be: bytes, bytearray, memoryview, or str (sent as UTF-8).
+Body = bytes | bytearray | memoryview | str
+
+
 def to_bytes(body: object) -> bytes:
     """A message body as bytes: str is UTF-8 encoded; bytes/bytearray/memoryview accepted.
 
@@ -253,7 +258,7 @@ def nop() -> bytes:
     return b"NOP\n"
 
 
-def pub(topic: str, body: bytes | str, partition: int | None = None) -> bytes:
+def pub(topic: str, body: Body, partition: int | None = None) -> bytes:
     """``PUB <topic>[ <partition>]\\n[size][body]``; a str body is sent as UTF-8."""
     return _line(b"PUB", check_topic_name(topic), *_partition(partition)) + _sized(_body(body))
 
@@ -315,7 +320,7 @@ def check_body_list(bodies: object, command: str) -> None:
         raise TypeError(f"{command} takes a list of message bodies, not a single body")
 
 
-def mpub(topic: str, bodies: Sequence[bytes | str], partition: int | None = None) -> bytes:
+def mpub(topic: str, bodies: Sequence[Body], partition: int | None = None) -> bytes:
     """``MPUB <topic>[ <partition>]\\n[size][count]([size][body])*``."""
     check_body_list(bodies, "MPUB")
     line = _line(b"MPUB", check_topic_name(topic), *_partition(partition))
@@ -335,7 +340,7 @@ def published_count(command: bytes) -> int:
     return _U32.unpack_from(command, start)[0]
 
 
-def dpub(topic: str, delay_ms: int, body: bytes | str) -> bytes:
+def dpub(topic: str, delay_ms: int, body: Body) -> bytes:
     """``DPUB <topic> <delay_ms>\\n[size][body]`` (classic nsqd only; youzan has no DPUB)."""
     delay_ms = check_int(delay_ms, "DPUB delay", "milliseconds", min=0)
     return _line(b"DPUB", check_topic_name(topic), delay_ms) + _sized(_body(body))

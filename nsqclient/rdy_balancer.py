@@ -175,19 +175,7 @@ class RdyBalancer:
         backoff = self._backoff
         conns = self._conns
         with self._lock:
-            if self._stopping.is_set():
-                targets = {a: 0 for a in conns}
-                mode = BackoffMode.PAUSED
-            else:
-                mode = backoff.mode(now)
-                targets = rdy_targets(
-                    conn_views(conns),
-                    self.max_in_flight,
-                    now,
-                    mode,
-                    cfg.low_rdy_idle_timeout,
-                    cfg.low_rdy_timeout,
-                )
+            targets, mode = self._targets(now)
             # Lower first, so that the sum of RDY never exceeds max_in_flight.
             changes = sorted(
                 ((n, a) for a, n in targets.items() if conns[a].conn.rdy != n),
@@ -199,6 +187,30 @@ class RdyBalancer:
         if mode is BackoffMode.PAUSED and backoff.until:
             wait = min(wait, max(backoff.until - now, 0.0))
         return wait
+
+    def would_raise(self) -> bool:
+        """True when the policy would now give some connection a higher RDY than it has (its
+        first message came at RDY 1, a rotation is due): nsqd will be told to send more."""
+        with self._lock:
+            targets, _ = self._targets(time.monotonic())
+            return any(n > self._conns[a].conn.rdy for a, n in targets.items())
+
+    def _targets(self, now: float) -> tuple[dict[str, int], BackoffMode]:
+        """The RDY the policy gives each connection now, and the backoff mode (under the
+        lock)."""
+        if self._stopping.is_set():
+            return {a: 0 for a in self._conns}, BackoffMode.PAUSED
+        cfg = self.config
+        mode = self._backoff.mode(now)
+        targets = rdy_targets(
+            conn_views(self._conns),
+            self.max_in_flight,
+            now,
+            mode,
+            cfg.low_rdy_idle_timeout,
+            cfg.low_rdy_timeout,
+        )
+        return targets, mode
 
     def _loop(self) -> None:
         while True:

@@ -570,3 +570,76 @@ def test_every_option_says_which_class_takes_it():
         assert OPTIONS[shared].owner is None
     check_owner({"max_in_flight": 1, "dial_timeout": 1.0}, "Consumer")
     check_owner({"pub_timeout": 1.0, "unknown_is_left_to_config": 1}, "Producer")
+
+
+# ------------------------------------------------------------------------------------------
+# What a type checker and help() see of the options
+
+
+@pytest.mark.parametrize(
+    ("options", "owner"),
+    [
+        (config_module.CommonOptions, "neither"),
+        (config_module.ConsumerOptions, "Consumer"),
+        (config_module.ProducerOptions, "Producer"),
+        (config_module.ConfigOptions, None),
+    ],
+)
+def test_the_options_typeddicts_and_the_table_cannot_drift(options, owner):
+    """Each TypedDict of ``**options`` names exactly the options its class takes, each typed as
+    Config's attribute, and none is required."""
+    expected = [
+        name
+        for name, opt in OPTIONS.items()
+        if owner is None or opt.owner is None or opt.owner == owner
+    ]
+    hints = typing.get_type_hints(options)
+    assert sorted(hints) == sorted(expected)
+    config_hints = typing.get_type_hints(Config)
+    assert {name: hints[name] for name in expected} == {n: config_hints[n] for n in expected}
+    assert options.__required_keys__ == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("cls", "signature_of", "options"),
+    [
+        (nsqclient.Consumer, nsqclient.Consumer.__init__, config_module.ConsumerOptions),
+        (nsqclient.Producer, nsqclient.Producer.__init__, config_module.ProducerOptions),
+        (Config, Config.__init__, config_module.ConfigOptions),
+        (Config, Config.replace, config_module.ConfigOptions),
+    ],
+)
+def test_the_classes_take_their_options_as_the_typeddict(cls, signature_of, options):
+    hints = typing.get_type_hints(signature_of, include_extras=True)
+    assert hints["options"] == typing.Unpack[options]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    ("cls", "owner"),
+    [(nsqclient.Consumer, "Consumer"), (nsqclient.Producer, "Producer"), (Config, None)],
+)
+def test_help_lists_each_option_with_type_default_unit_range_and_meaning(cls, owner):
+    import pydoc
+
+    rendered = pydoc.render_doc(cls, renderer=pydoc.plaintext)  # what help(cls) prints
+    text = _flat("\n".join(line.lstrip(" |") for line in rendered.splitlines()))
+    for name, opt in OPTIONS.items():
+        entry = f"``{name}`` ({Config.__annotations__[name]}, default ``"
+        if owner is not None and opt.owner not in (None, owner):
+            assert entry not in text, name  # the other class's option is not listed
+            continue
+        assert entry in text, name
+        assert _flat(opt.doc) in text, name
+    assert "``dial_timeout`` (float, default ``1``, seconds; accepted: 0.001 to 3600)" in text
+    if owner != "Producer":
+        assert "``max_in_flight`` (int, default ``1``; accepted: >= 0)" in text
+        assert (
+            "``backoff_strategy`` (str, default ``'exponential'``; accepted: one of"
+            " ``'exponential'``, ``'full_jitter'``)"
+        ) in text
+    if owner != "Consumer":
+        assert "``pub_timeout`` (float, default ``10``, seconds; accepted: >= 0.001)" in text

@@ -1,12 +1,12 @@
 """Sphinx extension: ``.. nsqclient-options::`` renders nsqclient.config.OPTIONS as a table.
 
 The configuration reference is generated at build time from the options themselves (default,
-range, unit, meaning), so it cannot drift from config.py.
+range, unit, meaning), so it cannot drift from config.py; the same words make the options part
+of the Consumer's, Producer's and Config's docstrings (:func:`nsqclient.config.options_help`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from docutils import nodes
@@ -14,39 +14,7 @@ from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
-from nsqclient.config import OPTIONS, Option
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return repr(value) if isinstance(value, str) else str(value)
-
-
-def option_range(option: Option) -> str:
-    """The values accepted, in words: bounds, choices, special values, None."""
-    kind = option.kind if isinstance(option.kind, tuple) else (option.kind,)
-    if option.choices is not None:
-        text = "one of " + ", ".join(f"``{_value(c)}``" for c in option.choices)
-    elif bool in kind:
-        text = "True or False"
-    elif option.min is not None and option.max is not None:
-        text = f"{_value(option.min)} to {_value(option.max)}"
-    elif option.min is not None:
-        text = f">= {_value(option.min)}"
-    elif option.max is not None:
-        text = f"<= {_value(option.max)}"
-    else:
-        text = " or ".join(k.__name__ for k in kind)
-    if option.special:
-        text += "; also " + ", ".join(_value(v) for v in option.special)
-    if option.infinite:
-        text += "; inf"
-    if option.nullable:
-        text += "; None"
-    return text
+from nsqclient.config import OPTIONS, value_text
 
 
 def option_rows() -> list[tuple[str, str, str, str, str]]:
@@ -54,8 +22,8 @@ def option_rows() -> list[tuple[str, str, str, str, str]]:
     return [
         (
             name,
-            _value(option.default),
-            option_range(option),
+            value_text(option.default),
+            option.accepted,
             option.unit or "",
             option.doc,
         )

@@ -399,8 +399,8 @@ class TopicArchiver:
         return max(self.consumer.stats()["requeued"], self._requeued)
 
     def start(self) -> None:
+        self.consumer.start()  # first: the writer's take() refuses a Consumer not started
         self._thread.start()
-        self.consumer.start()
 
     def begin_close(self) -> None:
         """Receive nothing more (RDY 0) and let the writer write what has arrived, sync,

@@ -14,6 +14,7 @@ from ..addresses import nsqd_addresses, split_host_port
 from ..checks import check_int
 from ..errors import ConnectionClosedError, NSQError
 from ..producer import Producer
+from ..protocol import Body
 from ..tornado_bridge import LoopStopped
 from .errors import Error, SendError
 from .options import check_seconds, translate_kwargs
@@ -132,8 +133,10 @@ class Writer(metaclass=Registered):
 
     # ---------------------------------------------------------------- publishing
 
-    def pub(self, topic: str, msg: bytes, callback: PubCallback | None = None) -> Future:
-        """Publish one message; ``callback(conn, data)`` gets the answer (see the class doc)."""
+    def pub(self, topic: str, msg: Body, callback: PubCallback | None = None) -> Future[bytes]:
+        """Publish one message (bytes, bytearray, memoryview, or str sent as UTF-8);
+        ``callback(conn, data)`` gets the answer (see the class doc).  The Future returned
+        resolves to ``b"OK"`` or fails with the error the callback gets."""
         producer = self._producer
         return self._pub(
             "pub",
@@ -145,8 +148,8 @@ class Writer(metaclass=Registered):
         )
 
     def mpub(
-        self, topic: str, msg: Sequence[bytes] | bytes, callback: PubCallback | None = None
-    ) -> Future:
+        self, topic: str, msg: Sequence[Body] | Body, callback: PubCallback | None = None
+    ) -> Future[bytes]:
         """Publish several messages in one MPUB (a single body is sent as a list of one)."""
         bodies = [msg] if isinstance(msg, bytes | bytearray | memoryview | str) else msg
         if not isinstance(bodies, list | tuple | set | frozenset):
@@ -163,8 +166,8 @@ class Writer(metaclass=Registered):
         )
 
     def dpub(
-        self, topic: str, delay_ms: int, msg: bytes, callback: PubCallback | None = None
-    ) -> Future:
+        self, topic: str, delay_ms: int, msg: Body, callback: PubCallback | None = None
+    ) -> Future[bytes]:
         """Publish one message that nsqd delivers after ``delay_ms`` MILLISECONDS (as pynsq)."""
         delay = check_int(delay_ms, "delay_ms", "milliseconds", min=0) / 1000.0
         producer = self._producer
