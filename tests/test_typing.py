@@ -36,7 +36,7 @@ def mypy_errors(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     work = tmp_path_factory.mktemp("typecheck")
     for name in [*GOOD, BAD]:
         shutil.copy(PROGRAMS / name, work / name)
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     cache_dir = cache.mkdir("mypy-user-programs") if cache is not None else work / ".cache"
     root = Path(nsqclient.__file__).resolve().parent.parent  # where this nsqclient is imported
     env = dict(os.environ)
