@@ -269,8 +269,11 @@ def test_rdy_rotation_finds_the_only_nsqd_with_messages(
         )
         wait_for(lambda: all_drained(cluster.nsqds, topic, "ch"), TIMEOUT, interval=0.1)
         # Let the sampler see the rotation go on among the idle nodes for a while.
+        # A consistent sample needs two sweeps of five /stats alike while RDY moves every
+        # 0.1 s: under make test's five passes on two cores that can take far longer than
+        # TIMEOUT (10 s was not enough once), hence the bound of the drain above.
         target = sampler.consistent + 10
-        wait_for(lambda: sampler.consistent >= target, TIMEOUT, interval=0.05)
+        wait_for(lambda: sampler.consistent >= target, 60, interval=0.05)
     print(
         f"\nrotation: RDY sum client max {ledger.max_sum} over {ledger.sends} sends, granted to "
         f"{len(ledger.granted_to)} nodes; nsqd raw max {sampler.raw_max}, consistent max "
