@@ -32,6 +32,8 @@ class Backlog:
         self.jobs: deque[Job] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: the last thread started (still known while it returns: see join)
+        self._last: threading.Thread | None = None
         self._idle = threading.Condition(self._lock)
 
     def submit(self, job: Job) -> None:
@@ -42,12 +44,20 @@ class Backlog:
                 self._thread = threading.Thread(
                     target=self._run, name=f"nsq-backlog-{self.name}", daemon=True
                 )
+                self._last = self._thread
                 self._thread.start()
 
     def wait_empty(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every job has run; True if it has."""
         with self._idle:
             return self._idle.wait_for(lambda: not self.jobs, max(timeout, 0.0))
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the thread to end (it ends once no job is left:
+        call it when no more are submitted)."""
+        thread = self._last
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(timeout, 0.0))
 
     def _run(self) -> None:
         while True:

@@ -217,6 +217,8 @@ class Consumer:
         #: set by a second SIGINT/SIGTERM during run()'s drain: requeue and go now
         self._force_stop = threading.Event()
         self._stop_lock = threading.Lock()
+        #: ``nsq-stop-on-error``, stopping the consumer after a fatal error (joined by stop())
+        self._stopper: threading.Thread | None = None
         self._idle = threading.Event()
         self._started = False
         #: set once start() has started every thread (a hook may call stop() before that)
@@ -389,7 +391,9 @@ class Consumer:
         holds is left to nsqd's msg_timeout), close every connection and join every thread.
 
         Safe from any thread, a handler or a connection hook included (that thread is not
-        waited for), and from several threads at once (one stops, the others wait for it)."""
+        waited for), and from several threads at once (one stops, the others wait for it).
+        After a fatal error (see :attr:`error`) the consumer stops itself on a thread of its
+        own, ``nsq-stop-on-error``; a stop() meanwhile waits for it and joins it."""
         self._stop_requested.set()
         self._discovery.stop()
         self._rdy.stop()
@@ -404,6 +408,10 @@ class Consumer:
                 self._stop(deadline)
         finally:
             self._stop_lock.release()
+        with self._lock:
+            stopper = self._stopper
+        if stopper is not None and stopper is not threading.current_thread():
+            stopper.join(max(deadline - time.monotonic(), 0.1))
 
     def _stop(self, deadline: float) -> None:
         current = threading.current_thread()
@@ -514,8 +522,12 @@ class Consumer:
             if self._error is not None or self._stopping.is_set():
                 return
             self._error = error
-        logger.error("%s; the consumer stops", error)
-        threading.Thread(target=self.stop, name="nsq-stop-on-error", daemon=True).start()
+            logger.error("%s; the consumer stops", error)
+            # stop() joins it; started under the lock, so that stop() never sees it unstarted
+            self._stopper = threading.Thread(
+                target=self.stop, name="nsq-stop-on-error", daemon=True
+            )
+            self._stopper.start()
 
     # ================================================================ public knobs
 
