@@ -38,6 +38,8 @@ class Backlog:
         self.jobs: deque[Job] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: the last thread started (still known while it returns: see close)
+        self._last: threading.Thread | None = None
         self._idle = threading.Condition(self._lock)
         #: a lingering thread waits on it for the next job
         self._work = threading.Condition(self._lock)
@@ -51,6 +53,7 @@ class Backlog:
                 self._thread = threading.Thread(
                     target=self._run, name=f"nsq-backlog-{self.name}", daemon=True
                 )
+                self._last = self._thread
                 self._thread.start()
             else:
                 self._work.notify()
@@ -61,9 +64,9 @@ class Backlog:
         with self._lock:
             self._closed = True
             self._work.notify()
-            thread = self._thread
+            thread = self._last  # the thread may have forgotten itself while returning
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            thread.join(max(timeout, 0.0))
 
     def wait_empty(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every job has run; True if it has."""

@@ -216,6 +216,8 @@ class Consumer:
         #: set by a second SIGINT/SIGTERM during run()'s drain: requeue and go now
         self._force_stop = threading.Event()
         self._stop_lock = threading.Lock()
+        #: ``nsq-stop-on-error``, stopping the consumer after a fatal error (joined by stop())
+        self._stopper: threading.Thread | None = None
         self._idle = threading.Event()
         self._started = False
         #: set once start() has started every thread (a hook may call stop() before that)
@@ -329,8 +331,7 @@ class Consumer:
         self._all_started.set()
         if self._rdy.max_in_flight == 0:
             logger.warning(
-                "%s/%s: max_in_flight is 0, so the consumer is paused (RDY 0 everywhere) and"
-                " receives nothing until set_max_in_flight() gives it a positive count",
+                "%s/%s: max_in_flight is 0: paused (RDY 0 everywhere) until set_max_in_flight()",
                 self.topic,
                 self.channel,
             )
@@ -366,8 +367,7 @@ class Consumer:
         if not self._stop_requested.is_set():
             self._stop_requested.set()
             logger.info(
-                "%s: stopping; draining %d messages in flight (send %s again to stop now and"
-                " requeue them)",
+                "%s: stopping, draining %d messages in flight (%s again: stop now, requeue them)",
                 name,
                 self._in_flight(),
                 name,
@@ -388,7 +388,8 @@ class Consumer:
         holds is left to nsqd's msg_timeout), close every connection and join every thread.
 
         Safe from any thread, a handler or a connection hook included (that thread is not
-        waited for), and from several threads at once (one stops, the others wait for it)."""
+        waited for), and from several threads at once (one stops, the others wait for it).
+        After a fatal error (:attr:`error`) it stops itself on ``nsq-stop-on-error``."""
         self._stop_requested.set()
         self._discovery.stop()
         self._rdy.stop()
@@ -403,6 +404,10 @@ class Consumer:
                 self._stop(deadline)
         finally:
             self._stop_lock.release()
+        with self._lock:
+            stopper = self._stopper
+        if stopper is not None and stopper is not threading.current_thread():
+            stopper.join(max(deadline - time.monotonic(), 0.1))
 
     def _stop(self, deadline: float) -> None:
         current = threading.current_thread()
@@ -423,8 +428,7 @@ class Consumer:
                 fut.exception(timeout=max(deadline - time.monotonic(), 0.01))
             except TimeoutError:
                 pass
-        # Let the workers drain what was received (a handler calling stop() is one of them),
-        # and wait for messages taken over with enable_async() to be answered too.
+        # Workers drain what was received (a stopping handler too), enable_async() ones answer.
         own = self._workers.index(current) if current in self._workers else -1
         while time.monotonic() < deadline and not self._force_stop.is_set():
             if self._pull:
@@ -513,8 +517,11 @@ class Consumer:
             if self._error is not None or self._stopping.is_set():
                 return
             self._error = error
-        logger.error("%s; the consumer stops", error)
-        threading.Thread(target=self.stop, name="nsq-stop-on-error", daemon=True).start()
+            logger.error("%s; the consumer stops", error)
+            # started under the lock, so that stop() never finds it made but not started
+            stopper = threading.Thread(target=self.stop, name="nsq-stop-on-error", daemon=True)
+            self._stopper = stopper
+            stopper.start()
 
     # ================================================================ public knobs
 

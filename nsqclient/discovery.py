@@ -408,7 +408,7 @@ class Discovery:
                 daemon=True,
             )
             self._connect_threads.add(thread)
-        thread.start()
+            thread.start()  # under the lock: join() never sees it unstarted
 
     def _connect(self, conn: Connection, direct: bool) -> None:
         try:

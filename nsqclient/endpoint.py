@@ -58,6 +58,8 @@ class Endpoint:
         "connects",
         "totals",
         "warming",
+        "warmer",
+        "dialing",
         "warned",
         "failed_at",
         "http_address",
@@ -106,6 +108,10 @@ class Endpoint:
         self.totals = dict.fromkeys(CUMULATIVE, 0)
         #: a thread is connecting it (see warm)
         self.warming = False
+        #: the last ``nsq-connect-<address>`` thread started (joined on close)
+        self.warmer: threading.Thread | None = None
+        #: the connection being made, until its connect() returns (close aborts it)
+        self.dialing: Connection | None = None
         #: the current outage's failover was told (publishes went to other addresses)
         self.warned = False
         #: monotonic time of the last failed connection attempt
@@ -150,6 +156,8 @@ class Endpoint:
         being connected."""
         if self.warming or self.lock.locked() or self.down_until > time.monotonic():
             return
+        if self._closed():
+            return
         self.warming = True
 
         def connect() -> None:
@@ -160,7 +168,10 @@ class Endpoint:
             finally:
                 self.warming = False
 
-        threading.Thread(target=connect, name=f"nsq-connect-{self.address}", daemon=True).start()
+        self.warmer = threading.Thread(
+            target=connect, name=f"nsq-connect-{self.address}", daemon=True
+        )
+        self.warmer.start()
 
     def _connect_locked(self, deadline: float | None) -> Connection | None:
         conn = self.conn
@@ -177,11 +188,21 @@ class Endpoint:
                 conn.close(0.0)
         conn = Connection(self.address, self._config, caller_reads=True)
         conn.on_request_failed = self._on_request_failed
+        self.dialing = conn
         try:
             conn.connect(deadline, "the publish's timeout: pub_timeout, or timeout=")
         except (OSError, NSQError) as exc:
+            if self._closed():
+                raise ConnectionClosedError(
+                    "this Producer is closed", maybe_processed=False
+                ) from exc
             self._failed(exc)
             return None
+        finally:
+            self.dialing = None
+        if self._closed():  # made while close() gave up waiting for it
+            conn.close(0.0)
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         if self.down_since is not None:
             logger.warning(
                 "nsqd %s is reachable again after %.1fs; %d publishes could not use it meanwhile",
@@ -287,16 +308,27 @@ class Endpoint:
             conn.close(0.0)
 
     def close(self, timeout: float) -> None:
-        """Close the connection (waiting up to ``timeout`` seconds), keeping its counters."""
-        with self.lock:
+        """Once the Producer is closed: abort a connection being made, close the connection
+        (waiting up to ``timeout`` seconds in all), keeping its counters, and join the
+        threads it started (``nsq-connect-<address>``, ``nsq-limits-<address>``)."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        dialing = self.dialing
+        if dialing is not None:
+            dialing.abort_connect()  # a blackholed or hung nsqd: the dial and handshake end now
+        locked = self.lock.acquire(timeout=max(deadline - time.monotonic(), 0.1))
+        try:
             conn, self.conn = self.conn, None
             if conn is not None:
                 self.retire(conn)
+        finally:
+            if locked:
+                self.lock.release()
         if conn is not None and conn.pid == os.getpid():
-            conn.close(max(timeout, 0.0))
-        learner = self.learner
-        if learner is not None and learner is not threading.current_thread():
-            learner.join(max(timeout, 0.0))
+            conn.close(max(deadline - time.monotonic(), 0.0))
+        current = threading.current_thread()
+        for thread in (self.warmer, self.learner):
+            if thread is not None and thread is not current:
+                thread.join(max(deadline - time.monotonic(), 0.1))
 
     # ---------------------------------------------------------------- counters
 

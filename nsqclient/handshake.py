@@ -80,14 +80,11 @@ def open_transport(
         if deadline is not None and deadline - time.monotonic() < dial_timeout:
             dial_timeout, dial_limit = max(deadline - time.monotonic(), 0.001), deadline_name
         try:
-            sock = socket.create_connection((host, port), timeout=dial_timeout)
+            sock = _dial(address, host, port, dial_timeout, aborted, keep_socket)
         except TimeoutError as exc:
             raise NSQTimeoutError(
                 f"connecting to {address} took longer than {dial_timeout:.2g}s ({dial_limit})"
             ) from exc
-        keep_socket(sock)
-        if aborted.is_set():
-            raise ConnectionClosedError(f"connecting to {address} was aborted")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if deadline is not None and deadline - time.monotonic() < handshake_timeout:
             handshake_timeout = max(deadline - time.monotonic(), 0.0)
@@ -132,6 +129,39 @@ def open_transport(
     finally:
         if watchdog is not None:
             watchdog.join()
+
+
+def _dial(
+    address: str,
+    host: str,
+    port: int,
+    timeout: float,
+    aborted: threading.Event,
+    keep_socket: Callable[[socket.socket], None],
+) -> socket.socket:
+    """``socket.create_connection((host, port), timeout)``, but each socket goes to
+    ``keep_socket`` before its connect starts: another thread shutting it down ends a dial in
+    progress (on Linux at once; where a platform's connect does not notice, it waits out
+    ``timeout``), and ``aborted`` set makes it fail with ConnectionClosedError."""
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        keep_socket(sock)
+        try:
+            if aborted.is_set():
+                raise ConnectionClosedError(f"connecting to {address} was aborted")
+            sock.settimeout(timeout)
+            sock.connect(sockaddr)
+        except BaseException as exc:
+            sock.close()
+            if aborted.is_set():
+                raise ConnectionClosedError(f"connecting to {address} was aborted") from exc
+            if not isinstance(exc, OSError):
+                raise
+            error = exc
+            continue
+        return sock
+    raise error if error is not None else OSError(f"getaddrinfo returned nothing for {host}")
 
 
 class _Handshake:

@@ -563,7 +563,8 @@ class Producer:
         self._raise_undelivered("flush()", unanswered, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Wait up to ``timeout`` seconds for publishes in flight, then close every connection.
+        """Wait up to ``timeout`` seconds for publishes in flight, then close every connection
+        (a connection still being made is aborted) and join the threads the Producer started.
         Publishing afterwards raises ConnectionClosedError.
 
         Raises:
@@ -588,8 +589,9 @@ class Producer:
         self._pool.closed = True
         unanswered = self._wait_answered(deadline)
         self._pool.close(deadline)
-        self._deadlines.stop()
+        # what was backlogged fails now that no connection can be made: its thread ends
         self._backlog.close(max(deadline - time.monotonic(), 0.1))
+        self._deadlines.stop()
         self._observers.close()
         return unanswered
 

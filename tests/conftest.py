@@ -11,6 +11,9 @@ from nsqclient.config import Config
 from nsqclient.conn import Connection
 from nsqclient.consumer import Consumer
 
+# The embedded NSQ's fixtures (nsqd, nsq_cluster, ...): opt-in, as for any project using them.
+pytest_plugins = ["nsqclient.testing.pytest_plugin"]
+
 
 @pytest.fixture
 def consumers() -> Iterator[Callable[..., Consumer]]:

@@ -98,6 +98,18 @@ def test_the_sdist_has_the_tests_docs_and_examples_and_the_wheel_the_package_onl
     assert f"{dist_info}/licenses/LICENSE" in in_wheel
 
 
+def test_the_wheel_declares_its_commands_and_no_pytest_plugin(dist):
+    """The embedded NSQ's pytest plugin is opt-in (docs/testing.rst): no ``pytest11`` entry
+    point loads it into every pytest run of a project that installs nsqclient."""
+    with zipfile.ZipFile(wheel_of(dist)) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        text = zf.read(name).decode("utf-8")
+    points = configparser.ConfigParser()
+    points.read_string(text)
+    assert set(points.sections()) == {"console_scripts", "opentelemetry_instrumentor"}, text
+    assert set(points["console_scripts"]) == {"nsqclient", "nsqclient-nsqd", "nsqclient-nsqlookupd"}
+
+
 def test_check_dist_fails_on_a_wheel_with_tests_and_an_sdist_without_conftest(dist, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()

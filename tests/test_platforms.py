@@ -19,7 +19,6 @@ import pytest
 
 from nsqclient import platforms
 from nsqclient.cli import pub, to_file
-from nsqclient.spark.standalone import StandaloneCluster, StandaloneError, check_platform
 from nsqclient.testing.waiting import wait_for
 
 SIMULATED = Path(__file__).resolve().parent / "simulated"
@@ -62,6 +61,9 @@ def test_readable_waiter_waits_for_data_then_says_readable(monkeypatch, without_
 
 
 def test_the_spark_test_cluster_refuses_every_platform_but_linux_at_once(monkeypatch):
+    pytest.importorskip("pyspark", reason="nsqclient.spark needs pyspark (spark extra)")
+    from nsqclient.spark.standalone import StandaloneCluster, StandaloneError, check_platform
+
     check_platform("linux")
     for name in ("darwin", "win32", "freebsd14"):
         with pytest.raises(StandaloneError, match=f"Linux only.*{name!r}"):

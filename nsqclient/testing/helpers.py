@@ -8,7 +8,7 @@ reading nsqd's ``/stats``, waiting for a channel to drain, consuming with a bare
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import requests
@@ -28,6 +28,7 @@ __all__ = [
     "free_port",
     "message_count",
     "nsq_threads",
+    "nsq_threads_gone",
     "nsqd_stats",
     "publish",
     "run_together",
@@ -148,6 +149,35 @@ def nsq_threads() -> set[threading.Thread]:
         for t in threading.enumerate()
         if t.name.startswith("nsq-") and not t.name.startswith("nsq-embedded")
     }
+
+
+def nsq_threads_gone(
+    before: Iterable[threading.Thread] = (), within: float = 1.0, left: Iterable[str] = ()
+) -> None:
+    """Wait up to ``within`` seconds until no thread whose name starts with ``nsq`` is alive,
+    but the embedded broker's (``nsq-embedded-*``), those in ``before`` (a snapshot taken
+    before the test started its clients: a fixture's servers) and those a test leaves on
+    purpose (names starting with one of ``left``).  Polls: returns as soon as they are gone.
+
+    Raises:
+        AssertionError: naming the threads still alive after ``within`` seconds.
+    """
+    kept = set(before)
+    prefixes = ("nsq-embedded-", *left)
+
+    def alive() -> list[str]:
+        return sorted(
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith("nsq") and t not in kept and not t.name.startswith(prefixes)
+        )
+
+    wait_for(
+        lambda: not alive(),
+        within,
+        0.005,
+        lambda: f"nsq threads alive {within:g}s after stop()/close(): {alive()}",
+    )
 
 
 def run_together(

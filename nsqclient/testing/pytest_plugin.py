@@ -1,4 +1,8 @@
-"""pytest fixtures for tests that need an NSQ broker (registered as the ``nsqclient`` plugin).
+"""pytest fixtures for tests that need an NSQ broker: a plugin a project turns on itself.
+
+Installing nsqclient does not load it (no ``pytest11`` entry point); a project's top
+``conftest.py`` says ``pytest_plugins = ["nsqclient.testing.pytest_plugin"]``, or its run says
+``-p nsqclient.testing.pytest_plugin`` (docs/testing.rst).
 
 The broker is the embedded NSQ (:class:`nsqclient.testing.EmbeddedNSQ`) unless the environment
 variable ``NSQ_BIN_DIR`` names a directory holding real ``nsqd`` and ``nsqlookupd`` binaries; then
