@@ -1,4 +1,5 @@
-"""The one parser of the addresses users give: nsqd TCP addresses and nsqlookupd HTTP addresses.
+"""The one parser of addresses: those users give (nsqd TCP addresses and nsqlookupd HTTP
+addresses) and those lookup replies name (:func:`producer_address`).
 
 Every entry point that takes addresses (:class:`~nsqclient.Producer`,
 :class:`~nsqclient.Consumer`, pynsq's ``Reader`` and ``Writer``, the CLI's address flags, the
@@ -26,8 +27,9 @@ Pure functions; this module imports nothing of nsqclient's, so every other modul
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from typing import Any, TypeGuard
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -36,6 +38,9 @@ __all__ = [
     "lookupd_addresses",
     "lookupd_base_url",
     "nsqd_addresses",
+    "producer_address",
+    "producer_http_address",
+    "reply_port",
     "split_host_port",
 ]
 
@@ -65,8 +70,8 @@ class _Bad(Exception):
 
 def _host_port(address: str) -> tuple[str, int]:
     """``"host:port"``/``"[v6]:port"`` -> ``(host, port)``, host without brackets; raise _Bad.
-    An unbracketed IPv6 host (``"::1:4150"``) splits at the last colon (what parse_address
-    always did); :func:`nsqd_addresses` refuses it."""
+    An unbracketed IPv6 host (``"::1:4150"``) splits at the last colon (for a Connection's
+    address, as it always did); :func:`nsqd_addresses` refuses it."""
     if "://" in address:
         bare = address.split("://", 1)[1].rstrip("/")
         raise _Bad(
@@ -110,6 +115,52 @@ def join_host_port(host: str, port: int | str) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{port}"
+
+
+# ------------------------------------------------------------------------------ lookup replies
+
+
+def reply_port(value: Any) -> Any:
+    """A port of a lookup reply as an int when it is a string of digits (youzan and legacy
+    replies send strings); anything else as it is."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
+def _valid_port(port: Any) -> TypeGuard[int]:
+    return isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
+
+
+def producer_address(p: Mapping[str, Any]) -> str:
+    """The ``"host:tcp_port"`` to connect to for one producer entry of a lookup reply.
+
+    The host is ``broadcast_address``; replies from nsqlookupd before 0.2.x only have
+    ``address``.  The port may be an int or (youzan) a string of digits.  IPv6 hosts are
+    bracketed (``"[::1]:4150"``).  Raises ValueError when the entry has no host or no port.
+    """
+    if not isinstance(p, Mapping):
+        raise TypeError(f"a lookup producer entry is a dict, not {type(p).__name__}")
+    host = p.get("broadcast_address") or p.get("address")
+    if not host:
+        raise ValueError(f"lookup producer entry has no broadcast_address: {dict(p)!r}")
+    port = reply_port(p.get("tcp_port"))
+    if not _valid_port(port):
+        raise ValueError(f"lookup producer entry has no valid tcp_port: {dict(p)!r}")
+    return join_host_port(host, port)
+
+
+def producer_http_address(p: Mapping[str, Any]) -> str | None:
+    """The ``"host:http_port"`` of one producer entry of a lookup reply (as
+    :func:`producer_address`), or None when the entry names no valid HTTP port."""
+    host = p.get("broadcast_address") or p.get("address") if isinstance(p, Mapping) else None
+    port = reply_port(p.get("http_port")) if host else None
+    if not host or not _valid_port(port):
+        return None
+    return join_host_port(host, port)
+
+
+# ------------------------------------------------------------------------------ user input
 
 
 def _nsqd(address: str) -> str:

@@ -59,7 +59,6 @@ __all__ = [
     "ConnectionState",
     "RequestFuture",
     "Waiter",
-    "parse_address",
 ]
 
 logger = logging.getLogger("nsqclient.conn")
@@ -69,13 +68,6 @@ _STOP = object()
 _WRITE_SIZE = 64 * 1024
 # Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
 _UNSOLICITED = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming the bad address.
-    (:func:`nsqclient.addresses.split_host_port`; user input goes through
-    :func:`nsqclient.addresses.nsqd_addresses` first.)"""
-    return split_host_port(address)
 
 
 class ConnectionState(enum.Enum):
@@ -117,7 +109,7 @@ class Connection:
         delegate: Any = None,
         caller_reads: bool = False,
     ):
-        self.host, self.port = parse_address(address)
+        self.host, self.port = split_host_port(address)
         self.address = f"{self.host}:{self.port}"
         self.config = config or Config()
         self.delegate = delegate

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from . import protocol
+from .addresses import producer_address
 from .backoff import reconnect_delay
 from .config import Config
 from .conn import Connection, ConnectionDelegate
@@ -37,7 +38,6 @@ from .errors import (
     SubExtendNeedError,
     SubOrderIsMustError,
 )
-from .http import producer_address
 from .lookup import LookupdPool
 from .partitions import missing_partitions, partition_count
 

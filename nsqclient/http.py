@@ -40,8 +40,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .addresses import join_host_port, lookupd_base_url
-from .checks import check_float, is_int
+from .addresses import join_host_port, lookupd_base_url, reply_port
+from .checks import check_float
 from .errors import HTTPError
 from .protocol import (
     check_body_list,
@@ -56,7 +56,6 @@ __all__ = [
     "LookupdClient",
     "TopicNotFoundError",
     "HTTPError",
-    "producer_address",
     "DEFAULT_TIMEOUT",
 ]
 
@@ -99,9 +98,6 @@ def _check_timeout(timeout: float) -> float:
     return check_float(timeout, "timeout", "seconds", min=0, min_exclusive=True)
 
 
-_join_host_port = join_host_port
-
-
 def _is_wrapped(data: Any) -> bool:
     """True for the pre-1.0 envelope ``{"status_code": N, "status_txt": "...", "data": ...}``."""
     return (
@@ -113,41 +109,6 @@ def _is_wrapped(data: Any) -> bool:
     )
 
 
-def _port(value: Any) -> Any:
-    """A port as int when it is a string of digits (youzan and legacy replies); else as is."""
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return value
-
-
-def producer_address(p: Mapping[str, Any]) -> str:
-    """The ``"host:tcp_port"`` to connect to for one producer entry of a lookup reply.
-
-    The host is ``broadcast_address``; replies from nsqlookupd before 0.2.x only have
-    ``address``.  The port may be an int or (youzan) a string of digits.  IPv6 hosts are
-    bracketed (``"[::1]:4150"``).  Raises ValueError when the entry has no host or no port.
-    """
-    if not isinstance(p, Mapping):
-        raise TypeError(f"a lookup producer entry is a dict, not {type(p).__name__}")
-    host = p.get("broadcast_address") or p.get("address")
-    if not host:
-        raise ValueError(f"lookup producer entry has no broadcast_address: {dict(p)!r}")
-    port = _port(p.get("tcp_port"))
-    if not is_int(port) or not 0 < port < 65536:
-        raise ValueError(f"lookup producer entry has no valid tcp_port: {dict(p)!r}")
-    return _join_host_port(host, port)
-
-
-def producer_http_address(p: Mapping[str, Any]) -> str | None:
-    """The ``"host:http_port"`` of one producer entry of a lookup reply (as
-    :func:`producer_address`), or None when the entry names no valid HTTP port."""
-    host = p.get("broadcast_address") or p.get("address") if isinstance(p, Mapping) else None
-    port = _port(p.get("http_port")) if host else None
-    if not host or not is_int(port) or not 0 < port < 65536:
-        return None
-    return _join_host_port(host, port)
-
-
 def _normalise_producer(p: Any) -> Any:
     """A copy of a producer entry with ``broadcast_address`` filled in and ports as ints."""
     if not isinstance(p, dict):
@@ -157,7 +118,7 @@ def _normalise_producer(p: Any) -> Any:
         out["broadcast_address"] = out["address"]
     for key in ("tcp_port", "http_port"):
         if key in out:
-            out[key] = _port(out[key])
+            out[key] = reply_port(out[key])
     return out
 
 
@@ -573,7 +534,7 @@ class LookupdClient(_Client):
         plus, when youzan's server sent them, ``"partitions": {"<partition>": producer}`` and
         ``"meta": {"partition_num", "replica", ...}``.  Producer entries keep the server's keys,
         with ``broadcast_address`` filled in from legacy ``address`` and ports as ints; pass
-        one to :func:`producer_address` for its ``"host:tcp_port"``.
+        one to :func:`~nsqclient.addresses.producer_address` for its ``"host:tcp_port"``.
 
         Raises TopicNotFoundError when no nsqd has the topic (classic nsqlookupd: 404
         TOPIC_NOT_FOUND; 0.3.x without version negotiation: 500 TOPIC_NOT_FOUND; before
@@ -706,11 +667,11 @@ class LookupdClient(_Client):
                 continue
             fields = {_squash(k): v for k, v in node.items()}
             host = fields.get("nodeip")
-            port = _port(fields.get("httpport"))
+            port = reply_port(fields.get("httpport"))
             if not host or port in (None, ""):
                 logger.warning("listlookup: skipping node without NodeIP/HttpPort: %r", node)
                 continue
-            address = _join_host_port(host, port)
+            address = join_host_port(host, port)
             if address not in addresses:
                 addresses.append(address)
         return addresses

@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from .addresses import producer_address, producer_http_address
 from .checks import check_int
-from .http import producer_address, producer_http_address
 
 __all__ = [
     "TopicRoute",

@@ -27,9 +27,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from .addresses import producer_address, producer_http_address
 from .checks import check_int
 from .errors import NoRouteError
-from .http import HTTPError, TopicNotFoundError, producer_address, producer_http_address
+from .http import HTTPError, TopicNotFoundError
 from .lookup import LookupdPool, unanswered
 from .partitions import TopicRoute, key_partition, route_from_lookup
 

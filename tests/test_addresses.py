@@ -18,10 +18,11 @@ from nsqclient.addresses import (
     lookupd_addresses,
     lookupd_base_url,
     nsqd_addresses,
+    producer_address,
+    producer_http_address,
     split_host_port,
 )
 from nsqclient.cli import common, main
-from nsqclient.conn import parse_address
 from nsqclient.consumer import Consumer
 from nsqclient.http import LookupdClient, NsqdHTTPClient
 from nsqclient.producer import Producer
@@ -170,10 +171,8 @@ def test_split_and_join_host_port() -> None:
         split_host_port("h")
     with pytest.raises(TypeError, match="^address: expected a 'host:port' str"):
         split_host_port(4150)  # type: ignore[arg-type]
-    # conn.parse_address is the same splitter, under its old public name
-    assert parse_address("[::1]:4150") == ("::1", 4150)
     with pytest.raises(ValueError, match="no scheme"):
-        parse_address("http://h:4150")
+        split_host_port("http://h:4150")
 
 
 def test_lookupd_base_url() -> None:
@@ -383,3 +382,44 @@ def test_spark_options_parse_like_the_consumer() -> None:
         SinkOptions.parse({"topic": "t", "nsqd_tcp_addresses": "a:1,"})
     with pytest.raises(AddressError, match="^lookupd_http_addresses: .* a port is required"):
         SinkOptions.parse({"topic": "t", "lookupd_http_addresses": "http://l"})
+
+
+# ---------------------------------------------------------------------------- lookup replies
+
+
+@pytest.mark.parametrize(
+    ("entry", "address"),
+    [
+        ({"broadcast_address": "h", "tcp_port": 4150, "http_port": 4151}, "h:4150"),
+        ({"broadcast_address": "h", "tcp_port": "4150"}, "h:4150"),
+        ({"address": "old", "tcp_port": 4150}, "old:4150"),
+        ({"broadcast_address": "", "address": "old", "tcp_port": 1}, "old:1"),
+        ({"broadcast_address": "::1", "tcp_port": 4150}, "[::1]:4150"),
+        ({"broadcast_address": "[::1]", "tcp_port": 4150}, "[::1]:4150"),
+    ],
+)
+def test_producer_address(entry: dict[str, Any], address: str) -> None:
+    assert producer_address(entry) == address
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"tcp_port": 4150},
+        {"broadcast_address": "h"},
+        {"broadcast_address": "h", "tcp_port": "x"},
+        {"broadcast_address": "h", "tcp_port": 0},
+        {"broadcast_address": "h", "tcp_port": True},
+    ],
+)
+def test_producer_address_rejects(entry: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        producer_address(entry)
+
+
+def test_producer_http_address() -> None:
+    assert producer_http_address({"broadcast_address": "h", "http_port": "4151"}) == "h:4151"
+    assert producer_http_address({"address": "::1", "http_port": 4151}) == "[::1]:4151"
+    assert producer_http_address({"broadcast_address": "h", "tcp_port": 4150}) is None
+    assert producer_http_address({"broadcast_address": "h", "http_port": 70000}) is None
+    assert producer_http_address({"http_port": 4151}) is None

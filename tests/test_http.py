@@ -1,4 +1,4 @@
-"""Tests of nsqclient.http: NsqdHTTPClient, LookupdClient, producer_address.
+"""Tests of nsqclient.http: NsqdHTTPClient and LookupdClient.
 
 Two halves:
 
@@ -25,13 +25,13 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
+from nsqclient.addresses import producer_address
 from nsqclient.errors import HTTPError, NSQError
 from nsqclient.http import (
     ACCEPT_V1,
     LookupdClient,
     NsqdHTTPClient,
     TopicNotFoundError,
-    producer_address,
 )
 from nsqclient.testing.waiting import wait_for
 
@@ -980,33 +980,3 @@ def test_shared_session_is_used_and_not_closed(fake: FakeServer) -> None:
         assert client.ping() is True
     assert not closed.is_set()
     session.close()
-
-
-@pytest.mark.parametrize(
-    ("entry", "address"),
-    [
-        ({"broadcast_address": "h", "tcp_port": 4150, "http_port": 4151}, "h:4150"),
-        ({"broadcast_address": "h", "tcp_port": "4150"}, "h:4150"),
-        ({"address": "old", "tcp_port": 4150}, "old:4150"),
-        ({"broadcast_address": "", "address": "old", "tcp_port": 1}, "old:1"),
-        ({"broadcast_address": "::1", "tcp_port": 4150}, "[::1]:4150"),
-        ({"broadcast_address": "[::1]", "tcp_port": 4150}, "[::1]:4150"),
-    ],
-)
-def test_producer_address(entry: dict[str, Any], address: str) -> None:
-    assert producer_address(entry) == address
-
-
-@pytest.mark.parametrize(
-    "entry",
-    [
-        {"tcp_port": 4150},
-        {"broadcast_address": "h"},
-        {"broadcast_address": "h", "tcp_port": "x"},
-        {"broadcast_address": "h", "tcp_port": 0},
-        {"broadcast_address": "h", "tcp_port": True},
-    ],
-)
-def test_producer_address_rejects(entry: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
-        producer_address(entry)

@@ -1,4 +1,5 @@
-"""The shape of the package (DESIGN.md, "The house"): no import circle, and the arrows point down.
+"""The shape of the package (docs/contributing.rst, "The layers"): no import circle, and the
+arrows point down.
 
 The import graph is read from the source with :mod:`ast`, not by importing anything: every
 ``import``/``from ... import`` counts, at module level, under ``if TYPE_CHECKING:`` and inside
@@ -204,7 +205,7 @@ def test_no_import_cycle_in_testing() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# DESIGN.md's arrows
+# The layers' arrows (docs/contributing.rst)
 
 
 def _ours_imported_by(module: str) -> set[str]:

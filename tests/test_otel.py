@@ -171,7 +171,7 @@ def test_every_publish_method_is_a_producer_span_with_its_metrics(telemetry, nsq
         assert (attributes[n.SERVER_ADDRESS], attributes[n.SERVER_PORT]) == (host, port)
         assert span.end_time >= span.start_time
     assert [s.attributes.get(n.BATCH_COUNT) for s in spans] == [None, 3, None, None, 2, None]
-    # The SDK's span processors never run on a connection's thread (DESIGN.md rule 2): a
+    # The SDK's span processors never run on a connection's thread (docs/contributing.rst): a
     # blocking publish ends on its caller, an asynchronous one on the instrumentation's thread.
     threads = [telemetry.ended_on.threads[s.context.span_id] for s in spans]
     assert threads == [threading.current_thread().name] * 3 + ["nsq-otel"] * 3
@@ -617,8 +617,9 @@ def test_instrument_replaces_nothing_and_uninstrument_records_nothing_after(nsqd
 
 
 def test_the_instrumentation_uses_only_the_public_surface_of_the_core():
-    """nsqclient.otel reads no private name of another module (DESIGN.md: a private name is a
-    door that should have been a public method) and imports no conn or transport."""
+    """nsqclient.otel reads no private name of another module (docs/contributing.rst, "The
+    layers": where an add-on needs one, the core gets a public call) and imports no conn or
+    transport."""
     import nsqclient.otel
 
     found = []

@@ -201,12 +201,12 @@ class Finisher:
     """Ends the spans of asynchronous publishes on a thread of its own (``nsq-otel``).
 
     Their Futures complete on a connection's reader thread, where nothing but nsqclient's own
-    code may run (DESIGN.md, rule 2): a span processor that exports there and then (the SDK's
-    SimpleSpanProcessor) would hold up heartbeats for as long as its exporter takes.  The
-    thread takes what has gathered, then waits :data:`LINGER` for more (one wake-up per batch,
-    not per answer; the spans' times were taken when nsqd answered).  It starts with the first
-    asynchronous publish and is joined by :meth:`stop`; after that, spans end where their
-    Future completes.
+    code may run (docs/contributing.rst, "The threads"): a span processor that exports there
+    and then (the SDK's SimpleSpanProcessor) would hold up heartbeats for as long as its
+    exporter takes.  The thread takes what has gathered, then waits :data:`LINGER` for more
+    (one wake-up per batch, not per answer; the spans' times were taken when nsqd answered).
+    It starts with the first asynchronous publish and is joined by :meth:`stop`; after that,
+    spans end where their Future completes.
     """
 
     def __init__(self) -> None:

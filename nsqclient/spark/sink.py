@@ -29,8 +29,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from ..addresses import producer_address
 from ..errors import NoRouteError
-from ..http import HTTPError, LookupdClient, TopicNotFoundError, producer_address
+from ..http import HTTPError, LookupdClient, TopicNotFoundError
 from ..partitions import key_partition, partition_count
 from ..producer import Producer
 from .options import SinkOptions
