@@ -10,6 +10,7 @@ import pytest
 from nsqclient.config import Config
 from nsqclient.conn import Connection
 from nsqclient.consumer import Consumer
+from nsqclient.producer import Producer
 
 # The embedded NSQ's fixtures (nsqd, nsq_cluster, ...): opt-in, as for any project using them.
 pytest_plugins = ["nsqclient.testing.pytest_plugin"]
@@ -31,6 +32,21 @@ def consumers() -> Iterator[Callable[..., Consumer]]:
     yield make
     for consumer in made:
         consumer.stop(timeout=5.0)
+
+
+@pytest.fixture
+def producers() -> Iterator[Callable[..., Producer]]:
+    """``make(addresses, **options) -> Producer``; every producer made is closed at teardown."""
+    made: list[Producer] = []
+
+    def make(addresses: Any, **options: Any) -> Producer:
+        producer = Producer(addresses, **options)
+        made.append(producer)
+        return producer
+
+    yield make
+    for producer in made:
+        producer.close(timeout=2.0)
 
 
 @pytest.fixture

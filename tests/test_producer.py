@@ -44,21 +44,6 @@ TIMEOUT = 10.0
 # Helpers
 
 
-@pytest.fixture
-def producers() -> Iterator[Any]:
-    """``make(addresses, **options) -> Producer``; every producer is closed at teardown."""
-    made: list[Producer] = []
-
-    def make(addresses: Any, **options: Any) -> Producer:
-        producer = Producer(addresses, **options)
-        made.append(producer)
-        return producer
-
-    yield make
-    for producer in made:
-        producer.close(timeout=2.0)
-
-
 def depth(node: Any, topic: str) -> int:
     """Messages stored in ``topic`` (no channel): survives an nsqd restart."""
     stats = topic_stats(node, topic)

@@ -32,19 +32,6 @@ from nsqclient.testing.waiting import wait_for
 TIMEOUT = 10.0
 
 
-@pytest.fixture
-def producers() -> Iterator[Any]:
-    made: list[Producer] = []
-
-    def make(addresses: Any, **options: Any) -> Producer:
-        made.append(Producer(addresses, **options))
-        return made[-1]
-
-    yield make
-    for producer in made:
-        producer.close(timeout=2.0)
-
-
 def frame(data: bytes) -> bytes:
     return struct.pack(">ll", len(data) + 4, protocol.FRAME_TYPE_RESPONSE) + data
 

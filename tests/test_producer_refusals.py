@@ -38,21 +38,6 @@ GRANTS = {
 
 
 @pytest.fixture
-def producers() -> Iterator[Any]:
-    """``make(addresses, **options) -> Producer``; every producer is closed at teardown."""
-    made: list[Producer] = []
-
-    def make(addresses: Any, **options: Any) -> Producer:
-        producer = Producer(addresses, **options)
-        made.append(producer)
-        return producer
-
-    yield make
-    for producer in made:
-        producer.close(timeout=2.0)
-
-
-@pytest.fixture
 def authorizing(nsq_cluster_factory: Any) -> Iterator[Any]:
     """A cluster whose nsqd's auth server lets ``SECRET`` publish to "allowed" only."""
     with AuthServer(GRANTS) as auth:
