@@ -23,8 +23,10 @@ nitpick_ignore = [
     ("py:class", name)
     for name in (
         "concurrent.futures._base.Future",
-        "nsqclient.lookup.T",
-        "nsqclient.awaiting.T",
+        "nsqclient.lookupd._pool.T",
+        "nsqclient.conn._awaiting.T",
+        # the alias as annotations name it; documented as nsqclient.conn.AnyFuture
+        "nsqclient.conn._futures.AnyFuture",
         "concurrent.futures.Future",
         "Future",
         "threading.Thread",

@@ -12,18 +12,18 @@ The public face::
 
 from . import compat, errors, observe, protocol
 from ._version import __version__
-from .awaiting import aresult
 from .compat import *  # noqa: F403 - the pynsq drop-in: every name of compat.__all__
 from .compat import PYNSQ_NAMES  # noqa: F401 - pynsq 0.9.1's nsq.__all__
+from .compat._legacy import *  # noqa: F403 - through compat too; imported here for type checkers
 from .config import Config
+from .conn import aresult
 from .consumer import ConnectionCounts, Consumer
 from .errors import *  # noqa: F403 - every error class, as the guides name them
 from .errors import __all__ as _error_names
 from .http import LookupdClient, NsqdHTTPClient, TopicNotFoundError
-from .legacy import *  # noqa: F403 - through compat too; imported here for type checkers
+from .lookupd import key_partition
 from .message import Message, RequeueMessage
 from .observe import Observer, PublishEvent
-from .partitions import key_partition
 from .producer import Producer, PublishResult
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .protocol import DecodedMessage
 
 if TYPE_CHECKING:
-    from .conn import Connection
+    from .conn._connection import Connection
 
 __all__ = ["Message", "MessageResponder", "RequeueMessage", "claim_all"]
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .batch import MessageBatch
+    from .consumer._batch import MessageBatch
     from .message import Message
 
 __all__ = [
@@ -188,7 +188,7 @@ class Observer:
         requeue delay in seconds; ``backoff``: whether the requeue counts as a failure."""
 
     def batches_taken(self, consumer: Any, batches: Sequence[MessageBatch]) -> None:
-        """Columnar pull mode: ``batches`` (:class:`~nsqclient.batch.MessageBatch`, each
+        """Columnar pull mode: ``batches`` (:class:`~nsqclient.consumer.MessageBatch`, each
         ``len()`` messages) were taken (``consumer.take_batches()``), on the taking thread."""
 
     def batches_answered(

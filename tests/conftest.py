@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from nsqclient.config import Config
-from nsqclient.conn import Connection
-from nsqclient.consumer import Consumer
-from nsqclient.producer import Producer
+from nsqclient.conn._connection import Connection
+from nsqclient.consumer._consumer import Consumer
+from nsqclient.producer._producer import Producer
 
 # The embedded NSQ's fixtures (nsqd, nsq_cluster, ...): opt-in, as for any project using them.
 pytest_plugins = ["nsqclient.testing.pytest_plugin"]

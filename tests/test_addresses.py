@@ -23,9 +23,9 @@ from nsqclient.addresses import (
     split_host_port,
 )
 from nsqclient.cli import common, main
-from nsqclient.consumer import Consumer
+from nsqclient.consumer._consumer import Consumer
 from nsqclient.http import LookupdClient, NsqdHTTPClient
-from nsqclient.producer import Producer
+from nsqclient.producer._producer import Producer
 
 NSQD = "nsqd_tcp_addresses"
 LOOKUPD = "lookupd_http_addresses"

@@ -15,9 +15,9 @@ from concurrent.futures import Future
 import pytest
 
 import nsqclient
-from nsqclient.answers import RequestFuture, failure_of, wait_answered
+from nsqclient.conn._futures import RequestFuture, failure_of, wait_answered
 from nsqclient.errors import ConnectionClosedError, UndeliveredError
-from nsqclient.undelivered import Ledger
+from nsqclient.producer._undelivered import Ledger
 
 TIMEOUT = 10.0
 

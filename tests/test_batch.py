@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from nsqclient import protocol
-from nsqclient.batch import MessageBatch
+from nsqclient.consumer._batch import MessageBatch
 from nsqclient.protocol import FrameReader, MessageRun, decode_message, encode_frame
 
 

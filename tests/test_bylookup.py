@@ -1,4 +1,4 @@
-"""Publishing by lookup (nsqclient/bylookup.py) against a fake pool of nsqd endpoints: the
+"""Publishing by lookup (nsqclient/producer/_by_lookup.py) against a fake pool of nsqd endpoints: the
 collaborator asks the pool it writes through only what :class:`PublishingPool` says, and one
 retry policy decides for the blocking and the asynchronous path alike (each case runs both
 ways)."""
@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 
-from nsqclient.answers import RequestFuture
-from nsqclient.backlog import Backlog
-from nsqclient.bylookup import LAST_ATTEMPT, LookupPublisher, PublishingPool
 from nsqclient.config import Config
+from nsqclient.conn._futures import RequestFuture
 from nsqclient.errors import (
     BadMessageError,
     ConnectionClosedError,
@@ -31,11 +29,13 @@ from nsqclient.errors import (
     error_from_frame,
 )
 from nsqclient.http import HTTPError
-from nsqclient.outer import OuterFutures
-from nsqclient.pool import Pool
-from nsqclient.producer import Producer
-from nsqclient.publishes import PublishResult, mpub_builder, pub_builder
-from nsqclient.router import Router
+from nsqclient.producer._backlog import Backlog
+from nsqclient.producer._by_lookup import LAST_ATTEMPT, LookupPublisher, PublishingPool
+from nsqclient.producer._nsqd_pool import Pool
+from nsqclient.producer._outer_futures import OuterFutures
+from nsqclient.producer._producer import Producer
+from nsqclient.producer._publish_forms import PublishResult, mpub_builder, pub_builder
+from nsqclient.producer._router import Router
 
 TIMEOUT = 10.0
 

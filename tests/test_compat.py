@@ -20,7 +20,7 @@ import nsqclient
 from nsqclient import compat
 from nsqclient.config import identify_payload
 from nsqclient.errors import ConnectionClosedError, NSQError, ProtocolError, ServerError
-from nsqclient.producer import Producer
+from nsqclient.producer._producer import Producer
 from nsqclient.testing import helpers
 from nsqclient.testing.waiting import wait_for
 

@@ -22,7 +22,7 @@ import pytest
 import nsqclient
 from nsqclient import protocol
 from nsqclient.config import Config
-from nsqclient.conn import Connection
+from nsqclient.conn._connection import Connection
 from nsqclient.errors import (
     AuthFailedError,
     AuthRequiredError,

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
-from nsqclient import conn as conn_module
 from nsqclient.config import Config
-from nsqclient.conn import Connection, Waiter
+from nsqclient.conn import _connection as conn_module
+from nsqclient.conn._connection import Connection, Waiter
+from nsqclient.conn._transport import Transport
 from nsqclient.errors import ConnectionClosedError, NSQTimeoutError, ProtocolError
 from nsqclient.platforms import HAS_EPOLL
 from nsqclient.testing.helpers import message_count, run_together
 from nsqclient.testing.waiting import wait_for
-from nsqclient.transport import Transport
 
 #: Seconds: the bound of every wait; reached only when something is broken.
 TIMEOUT = 10.0

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
-from nsqclient import conn as conn_module
-from nsqclient.conn import Connection, Waiter
+from nsqclient.conn import _connection as conn_module
+from nsqclient.conn._connection import Connection, Waiter
 from nsqclient.errors import ConnectionClosedError
 from nsqclient.testing.helpers import message_count, run_together
 from nsqclient.testing.waiting import wait_for

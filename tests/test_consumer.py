@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from nsqclient.conn import Connection
-from nsqclient.consumer import Consumer
+from nsqclient.conn._connection import Connection
+from nsqclient.consumer._consumer import Consumer
 from nsqclient.message import Message, RequeueMessage
 from nsqclient.testing.helpers import channel_stats, nsq_threads, publish, wait_drained
 from nsqclient.testing.waiting import wait_for

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nsqclient import Consumer
-from nsqclient.batch import MessageBatch
+from nsqclient.consumer._batch import MessageBatch
 from nsqclient.testing.helpers import publish, wait_drained
 from nsqclient.testing.waiting import wait_for
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nsqclient.conn import Connection
+from nsqclient.conn._connection import Connection
 from nsqclient.errors import HTTPError, NSQError, NSQTimeoutError
 from nsqclient.http import LookupdClient, NsqdHTTPClient
 from nsqclient.message import Message

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from nsqclient import discovery as discovery_module
-from nsqclient import rdy_balancer as rdy_balancer_module
+from nsqclient.consumer import _discovery as discovery_module
+from nsqclient.consumer import _rdy_balancer as rdy_balancer_module
 from nsqclient.message import Message
 from nsqclient.testing.helpers import channel_stats, publish, wait_drained
 from nsqclient.testing.waiting import wait_for

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from nsqclient.conn import Connection
+from nsqclient.conn._connection import Connection
 from nsqclient.errors import NSQError
 from nsqclient.http import NsqdHTTPClient
 from nsqclient.message import Message

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import nsqclient
-from nsqclient import discovery as discovery_module
 from nsqclient.config import Config
-from nsqclient.consumer import Consumer
-from nsqclient.discovery import ORPHAN_LOOKUP_CAP, Discovery, DiscoveryOwner
+from nsqclient.consumer import _discovery as discovery_module
+from nsqclient.consumer._consumer import Consumer
+from nsqclient.consumer._discovery import ORPHAN_LOOKUP_CAP, Discovery, DiscoveryOwner
 from nsqclient.errors import NSQError, SubExtendNeedError, SubOrderIsMustError
 
 
@@ -173,15 +173,17 @@ def test_discovery_asks_its_owner_only_what_the_protocol_names() -> None:
 
 def test_the_consumer_is_an_owner_through_its_delegate() -> None:
     consumer = Consumer("t", "c", lambda m: None, nsqd_tcp_addresses="127.0.0.1:4150")
-    owner: DiscoveryOwner = consumer._delegate  # mypy checks it where consumer.py passes it
+    owner: DiscoveryOwner = (
+        consumer._delegate
+    )  # mypy checks it where consumer/_consumer.py passes it
     assert owner.held_keys() == set()
     assert consumer._discovery._owner is owner
     assert not any(isinstance(v, Discovery) for k, v in vars(consumer).items() if k != "_discovery")
 
 
 def test_the_public_names_stay() -> None:
-    assert nsqclient.consumer.split_key("h:1#2") == ("h:1", 2)
-    assert nsqclient.consumer.target_key("h:1", None) == "h:1"
+    assert nsqclient.consumer._consumer.split_key("h:1#2") == ("h:1", 2)
+    assert nsqclient.consumer._consumer.target_key("h:1", None) == "h:1"
 
 
 def test_hooks_set_on_the_consumer_are_the_ones_discovery_runs() -> None:

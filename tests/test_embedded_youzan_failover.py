@@ -26,7 +26,7 @@ import requests
 
 from nsqclient import protocol as p
 from nsqclient.config import Config
-from nsqclient.conn import Connection
+from nsqclient.conn._connection import Connection
 from nsqclient.errors import FailedOnNotLeaderError, FailedOnNotWritableError
 from nsqclient.http import LookupdClient
 from nsqclient.protocol import DecodedMessage

@@ -1,4 +1,4 @@
-"""An nsqd endpoint of a Producer's pool (nsqclient/endpoint.py) owns its connect / down / up
+"""An nsqd endpoint of a Producer's pool (nsqclient/producer/_endpoint.py) owns its connect / down / up
 state: it connects when asked or on its own thread, waits out a reconnect delay after a failure,
 logs an outage once, says so when the address is back, and keeps its counters across
 reconnects."""
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from nsqclient.config import Config
-from nsqclient.endpoint import Endpoint
 from nsqclient.errors import ConnectionClosedError
+from nsqclient.producer._endpoint import Endpoint
 from nsqclient.testing.helpers import free_port
 from nsqclient.testing.waiting import wait_for
 

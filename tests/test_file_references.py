@@ -5,8 +5,9 @@ Read from the source (tokenize and ast, nothing imported): in nsqclient/ and tes
 comment and each module, class and function docstring; in setup.cfg and MANIFEST.in, the whole
 text.  A name ending in ``.md``, ``.rst`` or ``.py`` with a folder in it must be a file of the
 repository, from its top or from nsqclient/, nsqclient/testing/, tests/ or the naming file's
-folder (``spark/frames.py``, ``testing/nsqd/writes.py``); a bare name (``conn.py``) must be the
-name of one of its files.  MANIFEST.in's include and graft lines must each match something.
+folder (``spark/frames.py``, ``testing/nsqd/writes.py``); a bare name
+(``errors.py``) must be the name of one of its files.  MANIFEST.in's include and graft lines
+must each match something.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def missing_in(rel: str, texts: Iterator[tuple[int, str]]) -> list[str]:
 def test_the_scan_finds_names_and_tells_a_missing_one(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text(
-        '"""See docs/contributing.rst and conn.py."""\n'
+        '"""See docs/contributing.rst and conn/_connection.py."""\n'
         "# DESIGN.md, rule 2; docs/django.rst; spark/frames.py\n"
         "def f():\n"
         '    """Like tests/no_such_test.py."""\n'
@@ -89,7 +90,7 @@ def test_the_scan_finds_names_and_tells_a_missing_one(tmp_path):
         for m in NAMED.finditer(text)
     ]
     assert sorted(found) == [
-        (1, "conn.py"),
+        (1, "conn/_connection.py"),
         (1, "docs/contributing.rst"),
         (2, "DESIGN.md"),
         (2, "docs/django.rst"),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nsqclient.handling import Handling
+from nsqclient.consumer._delivery import Handling
 from nsqclient.message import Message, RequeueMessage
 from nsqclient.observe import ObserverSet
 from nsqclient.protocol import DecodedMessage

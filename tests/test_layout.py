@@ -53,9 +53,12 @@ def _ours(name: str) -> str | None:
     return None
 
 
-def imports_of(module: str) -> set[str]:
-    """Every module of ours that ``module`` imports, anywhere in its source."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"), str(MODULES[module]))
+def imports_of(module: str, source: str | None = None) -> set[str]:
+    """Every module of ours that ``module`` imports, anywhere in its source (or in
+    ``source``, read as if it were that module's)."""
+    if source is None:
+        source = MODULES[module].read_text(encoding="utf-8")
+    tree = ast.parse(source, str(MODULES[module]))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -168,10 +171,21 @@ CYCLES = strongly_connected(GRAPH)
 def test_the_graph_sees_module_function_and_type_checking_imports() -> None:
     assert len(MODULES) > 20 and f"{PACKAGE}.testing" in MODULES
     assert GRAPH[f"{PACKAGE}.protocol"] >= {f"{PACKAGE}.errors"}
-    assert f"{PACKAGE}.conn" in GRAPH[f"{PACKAGE}.consumer"]
+    assert f"{PACKAGE}.conn._connection" in GRAPH[f"{PACKAGE}.consumer._discovery"]
     assert f"{PACKAGE}.compat" in GRAPH[PACKAGE]  # "from . import compat": the module
     # the handshake imports the version inside a function
-    assert f"{PACKAGE}._version" in GRAPH[f"{PACKAGE}.handshake"]
+    assert f"{PACKAGE}._version" in GRAPH[f"{PACKAGE}.conn._handshake"]
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..conn import Connection\n"
+        "def f():\n"
+        "    from .._version import __version__\n"
+    )
+    assert imports_of(f"{PACKAGE}.consumer._batch", source) == {
+        f"{PACKAGE}.conn",
+        f"{PACKAGE}._version",
+    }
 
 
 def test_the_cycle_finder_finds_and_names_a_circle() -> None:
@@ -182,7 +196,8 @@ def test_the_cycle_finder_finds_and_names_a_circle() -> None:
 
 
 def test_relative_imports_resolve_like_python() -> None:
-    assert _resolve(f"{PACKAGE}.conn", 1, "protocol") == f"{PACKAGE}.protocol"
+    assert _resolve(f"{PACKAGE}.conn._connection", 2, "protocol") == f"{PACKAGE}.protocol"
+    assert _resolve(f"{PACKAGE}.conn", 1, "_futures") == f"{PACKAGE}.conn._futures"
     assert _resolve(PACKAGE, 1, None) == PACKAGE
     if f"{PACKAGE}.testing.nsqd.node" in MODULES:
         assert _resolve(f"{PACKAGE}.testing.nsqd.node", 3, "protocol") == f"{PACKAGE}.protocol"

@@ -35,8 +35,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 
 from nsqclient import Message, Producer, Reader, RequeueMessage, Writer, observe  # noqa: E402
-from nsqclient.conn import Connection  # noqa: E402
-from nsqclient.consumer import Consumer  # noqa: E402
+from nsqclient.conn._connection import Connection  # noqa: E402
+from nsqclient.consumer._consumer import Consumer  # noqa: E402
 from nsqclient.errors import BadMessageError  # noqa: E402
 from nsqclient.otel import NSQInstrumentor  # noqa: E402
 from nsqclient.otel import names as n  # noqa: E402

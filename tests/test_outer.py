@@ -1,5 +1,5 @@
 """The Futures a Producer hands out before their publish is on a connection
-(nsqclient/outer.py): kept until done, failed at their deadline saying whether anything was
+(nsqclient/producer/_outer_futures.py): kept until done, failed at their deadline saying whether anything was
 sent, never sent once failed, and following the request written for them."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from concurrent.futures import Future
 
 import pytest
 
-from nsqclient.answers import RequestFuture
+from nsqclient.conn._futures import RequestFuture
 from nsqclient.errors import NSQTimeoutError, ServerError
-from nsqclient.outer import OuterFutures
+from nsqclient.producer._outer_futures import OuterFutures
 
 
 class FakeConnection:

@@ -7,8 +7,14 @@ import logging
 import pytest
 
 from nsqclient.errors import HTTPError
-from nsqclient.lookup import DEMOTE_AFTER, MAX_DEMOTION, LookupdPool, demotion_delay
-from nsqclient.partitions import TopicRoute, key_bytes, key_partition, murmur3_32, route_from_lookup
+from nsqclient.lookupd._partitions import (
+    TopicRoute,
+    key_bytes,
+    key_partition,
+    murmur3_32,
+    route_from_lookup,
+)
+from nsqclient.lookupd._pool import DEMOTE_AFTER, MAX_DEMOTION, LookupdPool, demotion_delay
 
 # Published MurmurHash3 x86_32 vectors (Appleby's SMHasher and its ports).
 MURMUR_VECTORS = [
@@ -196,7 +202,7 @@ def test_a_lookupd_that_does_not_answer_the_consumers_lookup_is_demoted(monkeypa
 
 
 def test_missing_partitions_of_a_consumer():
-    from nsqclient.partitions import missing_partitions, partition_count
+    from nsqclient.lookupd._partitions import missing_partitions, partition_count
 
     # with the count from meta: every partition is wanted, named by lookup or not
     assert missing_partitions(4, {0, 1}, None, {0}) == {1, 2, 3}

@@ -1,9 +1,9 @@
-"""nsqclient.pending: a connection's FIFO of requests awaiting answers, without sockets."""
+"""nsqclient.conn._pending: a connection's FIFO of requests awaiting answers, without sockets."""
 
 from __future__ import annotations
 
-from nsqclient.answers import RequestFuture, Waiter
-from nsqclient.pending import Pending, expired_error
+from nsqclient.conn._futures import RequestFuture, Waiter
+from nsqclient.conn._pending import Pending, expired_error
 
 
 def filled(written: int, unsent: int) -> tuple[Pending, list[RequestFuture]]:

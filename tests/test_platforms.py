@@ -276,7 +276,7 @@ def test_a_producer_reads_with_its_reader_thread_where_there_is_no_epoll(platfor
         platform,
         """
         from nsqclient import platforms
-        from nsqclient.conn import Connection
+        from nsqclient.conn._connection import Connection
         print(platforms.HAS_EPOLL)
         """,
     )

@@ -1,4 +1,4 @@
-"""The nsqd endpoints of a Producer and the writing of a command on them (nsqclient/pool.py):
+"""The nsqd endpoints of a Producer and the writing of a command on them (nsqclient/producer/_nsqd_pool.py):
 failover past an address that is down (warned once), pub_async's never-blocking write, the
 backlog's fail-fast when every address waits out its reconnect delay, and a closed pool."""
 
@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from nsqclient import protocol
-from nsqclient.answers import RequestFuture
 from nsqclient.config import Config
+from nsqclient.conn._futures import RequestFuture
 from nsqclient.errors import ConnectionClosedError
-from nsqclient.pool import Pool
+from nsqclient.producer._nsqd_pool import Pool
 from nsqclient.testing.helpers import free_port
 from nsqclient.testing.waiting import wait_for
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from nsqclient.conn import Connection
+from nsqclient.conn._connection import Connection
 from nsqclient.errors import (
     BadMessageError,
     ConnectionClosedError,
     InvalidError,
     NSQTimeoutError,
 )
-from nsqclient.producer import Producer
+from nsqclient.producer._producer import Producer
 from nsqclient.testing.helpers import (
     consume,
     free_port,

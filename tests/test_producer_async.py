@@ -14,7 +14,7 @@ import pytest
 from nsqclient import compat
 from nsqclient.errors import ConnectionClosedError, NSQError, NSQTimeoutError
 from nsqclient.message import Message
-from nsqclient.producer import Producer
+from nsqclient.producer._producer import Producer
 from nsqclient.testing.helpers import free_port, message_count, wait_drained
 from nsqclient.testing.waiting import wait_for
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
-from nsqclient.answers import RequestFuture, failure_of
+from nsqclient.conn._futures import RequestFuture, failure_of
 from nsqclient.errors import (
     BadMessageError,
     ConnectionClosedError,
@@ -24,9 +24,9 @@ from nsqclient.errors import (
     NSQTimeoutError,
     UndeliveredError,
 )
+from nsqclient.producer._undelivered import cause, undelivered_error
 from nsqclient.testing.helpers import message_count
 from nsqclient.testing.waiting import wait_for
-from nsqclient.undelivered import cause, undelivered_error
 
 #: Seconds: the bound of every wait; reached only when something is broken.
 TIMEOUT = 10.0

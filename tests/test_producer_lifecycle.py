@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
-from nsqclient.conn import Waiter
+from nsqclient.conn._connection import Waiter
 from nsqclient.errors import (
     BadMessageError,
     ConnectionClosedError,
@@ -271,7 +271,7 @@ def test_pub_timeout_bounds_a_dripping_handshake(dripping_nsqd, producers):
 
 def test_handshake_timeout_bounds_a_dripping_handshake(dripping_nsqd):
     from nsqclient.config import Config
-    from nsqclient.conn import Connection
+    from nsqclient.conn._connection import Connection
 
     conn = Connection(dripping_nsqd, Config(handshake_timeout=0.5))
     with pytest.raises(NSQTimeoutError, match="handshake_timeout"):

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from nsqclient.errors import NSQError
-from nsqclient.producer import Producer
+from nsqclient.producer._producer import Producer
 from nsqclient.testing.helpers import consume, nsqd_stats
 
 TIMEOUT = 10.0

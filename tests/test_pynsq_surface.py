@@ -12,8 +12,9 @@ import warnings
 import pytest
 
 import nsqclient as nsq
-from nsqclient import compat, legacy
-from nsqclient.producer import Producer
+from nsqclient import compat
+from nsqclient.compat import _legacy as legacy
+from nsqclient.producer._producer import Producer
 
 #: pynsq 0.9.1's nsq.__all__, written out so the test needs no pynsq.  The one copy of the list
 #: outside the package, on purpose: it pins pynsq's surface independently of the code it checks

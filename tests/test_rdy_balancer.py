@@ -9,8 +9,8 @@ from typing import Any
 
 from nsqclient.backoff import BackoffState
 from nsqclient.config import Config
+from nsqclient.consumer._rdy_balancer import ConnInfo, RdyBalancer, conn_views, send_rdy
 from nsqclient.errors import ConnectionClosedError
-from nsqclient.rdy_balancer import ConnInfo, RdyBalancer, conn_views, send_rdy
 
 
 class FakeConn:

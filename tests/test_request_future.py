@@ -8,7 +8,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, as_co
 
 import pytest
 
-from nsqclient.conn import RequestFuture
+from nsqclient.conn._connection import RequestFuture
 
 #: Seconds: the bound of every wait; reached only when something is broken.
 TIMEOUT = 10.0
@@ -115,7 +115,7 @@ def test_done_callbacks_run_once_whether_added_before_or_after():
 def test_watch_calls_back_exactly_once_whichever_thread_wins_the_race():
     import threading as _threading
 
-    from nsqclient.answers import RequestFuture as _RequestFuture
+    from nsqclient.conn._futures import RequestFuture as _RequestFuture
 
     calls: dict[int, int] = {}
     lock = _threading.Lock()

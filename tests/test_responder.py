@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from nsqclient.backoff import BackoffState
-from nsqclient.books import Books
 from nsqclient.config import Config
+from nsqclient.consumer._answers import Responder
+from nsqclient.consumer._shared_state import Books
 from nsqclient.errors import ConnectionClosedError, ServerError
 from nsqclient.message import Message
 from nsqclient.observe import ObserverSet
-from nsqclient.responder import Responder
 
 
 class FakeConn:

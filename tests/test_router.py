@@ -9,7 +9,7 @@ import pytest
 
 from nsqclient.errors import NoRouteError
 from nsqclient.http import HTTPError
-from nsqclient.router import LOOKUP_RETRY_CAP, Router
+from nsqclient.producer._router import LOOKUP_RETRY_CAP, Router
 
 
 class FakeLookupd:

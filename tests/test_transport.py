@@ -1,4 +1,4 @@
-"""Tests of nsqclient.transport.
+"""Tests of nsqclient.conn._transport.
 
 The client side is our Transport; the server side is built in each test from ssl, snappy and
 zlib directly, so the two ends do not share code.  Sockets come from socket.socketpair() (and
@@ -30,8 +30,8 @@ import pytest
 import snappy
 
 from nsqclient import protocol
+from nsqclient.conn._transport import Transport, make_tls_context
 from nsqclient.errors import ProtocolError
-from nsqclient.transport import Transport, make_tls_context
 
 CERTS = Path(__file__).parent / "certs"
 CERT = str(CERTS / "cert.pem")

@@ -21,7 +21,7 @@ from nsqclient.errors import (
     SubOrderIsMustError,
 )
 from nsqclient.http import LookupdClient
-from nsqclient.partitions import key_partition
+from nsqclient.lookupd._partitions import key_partition
 from nsqclient.protocol import DecodedMessage
 from nsqclient.testing import EmbeddedNSQ
 from nsqclient.testing.waiting import wait_for

@@ -19,7 +19,7 @@ import pytest
 
 from nsqclient import Consumer, Message, Producer
 from nsqclient.errors import ConnectionClosedError, NSQTimeoutError
-from nsqclient.partitions import key_partition
+from nsqclient.lookupd._partitions import key_partition
 from nsqclient.testing import EmbeddedNSQ
 from nsqclient.testing.waiting import wait_for
 

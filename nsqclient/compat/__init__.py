@@ -13,10 +13,9 @@ A legacy pynsq program runs unchanged but for its import::
                    lookupd_http_addresses=["http://127.0.0.1:4161"], max_in_flight=9)
     nsq.run()                            # blocks until SIGINT/SIGTERM or nsq.stop()
 
-pynsq's other public names (encoders, BackoffTimer, SyncConn, AsyncConn) are in
-:mod:`nsqclient.legacy`.
+pynsq's other public names (encoders, BackoffTimer, SyncConn, AsyncConn) are here too.
 
-Built on :class:`~nsqclient.consumer.Consumer` and :class:`~nsqclient.producer.Producer`.
+Built on :class:`~nsqclient.Consumer` and :class:`~nsqclient.Producer`.
 pynsq's keyword arguments keep pynsq's names and units and are translated to nsqclient's
 options (seconds everywhere): ``heartbeat_interval`` (seconds in both), ``msg_timeout``
 (seconds in both), ``output_buffer_timeout`` (MILLISECONDS in pynsq, converted), ``requeue_delay``
@@ -33,7 +32,7 @@ Threads: each Reader runs its handler on its own worker thread, one message at a
 pynsq's single IOLoop); two Readers run their handlers in parallel.  A Writer's callbacks run
 on its own callback thread (``nsq-callbacks-<name>``), never on a connection thread.  When the
 program has imported tornado, :func:`run` runs tornado's IOLoop instead and both are handed to
-it (:mod:`nsqclient.tornado_bridge`): pynsq's model, where tornado code and
+it (:mod:`nsqclient.compat._tornado_bridge`): pynsq's model, where tornado code and
 ``IOLoop.current().stop()`` work in handlers and callbacks.
 
 Deliberate differences from pynsq:
@@ -71,24 +70,25 @@ clean stop), ``reader`` (Reader, LegacyReader) and ``writer`` (Writer).  ``runti
 client only by its ``run_role`` and the ``RunClient``/``RunReader`` protocols (``tick()``,
 ``wait_closed()``); ``reader`` and ``writer`` import it, never the other way.  Each of the
 drop-in's names is written once: compat's own in ``__all__`` below, the lower ones in
-``nsqclient.legacy.__all__``; the top level re-exports both.
+``nsqclient.compat._legacy.__all__``; the top level re-exports both.
 """
 
 from __future__ import annotations
 
 from ..errors import ConnectionClosedError, ProtocolError
-from ..legacy import *  # noqa: F403 - pynsq's names below Reader and Writer (legacy.__all__)
-from ..legacy import __all__ as _legacy_names
 from ..message import Message
-from .errors import Error, IntegrityError, SendError
-from .reader import LegacyReader, Reader
-from .runtime import registry as _registry  # noqa: F401 - run()'s state, for the tests
-from .runtime import run, stop
-from .runtime import shutdown as _shutdown  # noqa: F401 - stops every Reader and Writer
-from .writer import Writer
+from ._errors import Error, IntegrityError, SendError
+from ._legacy import *  # noqa: F403 - pynsq's names below Reader and Writer (legacy.__all__)
+from ._legacy import __all__ as _legacy_names
+from ._reader import LegacyReader, Reader
+from ._runtime import registry as _registry  # noqa: F401 - run()'s state, for the tests
+from ._runtime import run, stop
+from ._runtime import shutdown as _shutdown  # noqa: F401 - stops every Reader and Writer
+from ._writer import Writer
 
-# The drop-in's names: those defined above Reader and Writer, then nsqclient.legacy's.  Each name
-# is written once, in the __all__ of the module that provides it; nsqclient re-exports this one.
+# The drop-in's names: those defined above Reader and Writer, then those of _legacy.py.  Each
+# name is written once, in the __all__ of the module that provides it; nsqclient re-exports
+# this one.
 __all__ = [
     "Reader",
     "Writer",

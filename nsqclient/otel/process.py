@@ -39,8 +39,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.metrics import Histogram
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
-from ..batch import MessageBatch
-from ..consumer import Consumer
+from ..consumer import Consumer, MessageBatch
 from ..message import Message, RequeueMessage
 from . import names as n
 from .gauges import Tally

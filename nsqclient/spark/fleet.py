@@ -14,7 +14,7 @@ no worker thread, no Python object per message), and the fleet uses its public A
 docs/consumer.rst, "Taking messages in batches"):
 
 * :meth:`Fleet.take` takes what every Consumer received, all at once
-  (``consumer.take_batches()``: one :class:`~nsqclient.batch.MessageBatch` per socket read),
+  (``consumer.take_batches()``: one :class:`~nsqclient.consumer.MessageBatch` per socket read),
   already through the give-up at ``max_tries``, youzan's ordered-offset check and tracing;
 * :meth:`Fleet.finish`, :meth:`Fleet.requeue` and :meth:`Fleet.touch` answer many batches
   with one write per connection (``finish_batches()`` / ``requeue_batches()`` /
@@ -31,8 +31,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..batch import MessageBatch
-from ..consumer import ConnectionCounts, Consumer
+from ..consumer import ConnectionCounts, Consumer, MessageBatch
 
 __all__ = ["Fleet", "DEFAULT_MAX_RDY_COUNT", "split"]
 

@@ -1,14 +1,14 @@
 """What an InputPartition carries to the executors: its messages as nsqd framed them, and the
 Arrow rows an executor builds from them.
 
-The driver-side reader holds :class:`~nsqclient.batch.MessageBatch` objects (the bytes each
+The driver-side reader holds :class:`~nsqclient.consumer.MessageBatch` objects (the bytes each
 socket read brought, and where its messages start).  For a micro-batch it makes no row and no
 object per message: a partition's :class:`Frames` is a few pieces, each one read's bytes (the
 same ``bytes`` object the connection read, pickled as it is) with the byte range of the
 partition's messages in it and their offsets (an array of 8-byte integers).  The executor's
 ``read`` joins the pieces and builds the columns (:func:`to_rows`) with pyarrow's compute
 kernels: classic NSQ's fixed layout needs no Python step per message; youzan's fields are read
-with :class:`~nsqclient.batch.MessageBatch`'s list methods.
+with :class:`~nsqclient.consumer.MessageBatch`'s list methods.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ..batch import HEADER_SIZE, ID_OFFSET, MessageBatch
+from ..consumer import HEADER_SIZE, ID_OFFSET, MessageBatch
 from .rows import arrow_schema, message_id_text, signed64
 
 __all__ = ["Piece", "Frames", "frames_of", "split_frames", "to_rows"]

@@ -1,7 +1,7 @@
 """The driver-side ledger of the source: messages held until Spark has committed them.
 
 Pure bookkeeping, no Spark and no sockets, so that it is tested with plain objects.  It holds
-what the source's Consumers received as batches (:class:`~nsqclient.batch.MessageBatch`:
+what the source's Consumers received as batches (:class:`~nsqclient.consumer.MessageBatch`:
 one socket read's messages each, no object per message); every message is numbered in arrival
 order (1, 2, ...); an offset handed to Spark is ``{"session": <this reader's id>, "seq": <last
 seq included>}``.  A batch that a cut falls inside is split there (its two parts are then
@@ -27,7 +27,7 @@ __all__ = ["Ledger", "HeldBatch"]
 
 
 class HeldBatch(Protocol):
-    """What the ledger needs of a batch (nsqclient.batch.MessageBatch has it)."""
+    """What the ledger needs of a batch (nsqclient.consumer._batch.MessageBatch has it)."""
 
     received_at: float
     touched_at: float | None

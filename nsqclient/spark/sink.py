@@ -8,7 +8,7 @@ batch or the write).  A retried task publishes its rows again: the sink is at-le
 
 youzan's partitioned topics: a row's ``partition`` column (when not null) names the partition
 it goes to; else its ``key`` column (when not null) picks one, the same partition
-``Producer.pub(key=)`` picks (:func:`~nsqclient.partitions.key_partition` over the topic's
+``Producer.pub(key=)`` picks (:func:`~nsqclient.lookupd.key_partition` over the topic's
 partition count from lookup); rows with neither go round-robin.  Rows bound for one partition
 share MPUBs.
 """
@@ -32,7 +32,7 @@ from pyspark.sql.datasource import (
 from ..addresses import producer_address
 from ..errors import NoRouteError
 from ..http import HTTPError, LookupdClient, TopicNotFoundError
-from ..partitions import key_partition, partition_count
+from ..lookupd import key_partition, partition_count
 from ..producer import Producer
 from .options import SinkOptions
 

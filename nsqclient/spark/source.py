@@ -10,7 +10,7 @@ Where things run (Spark 4 Python data sources):
   the executors' ``read``), so ``__init__`` opens nothing.
 * The Consumers are in columnar pull mode (no handler, no worker thread, no Python object per
   message): their reader threads leave what they receive in the Consumers' queues as
-  :class:`~nsqclient.batch.MessageBatch` objects (one socket read each), and the reader takes
+  :class:`~nsqclient.consumer.MessageBatch` objects (one socket read each), and the reader takes
   them all (``consumer.take_batches()``) into a :class:`~nsqclient.spark.ledger.Ledger`
   (messages numbered in arrival order) when it cuts a batch, and every quarter
   ``msg_timeout``.  ``latestOffset`` FINishes the committed batch, waits (at most

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nsqclient.partitions import key_partition
+from nsqclient.lookupd._partitions import key_partition
 from nsqclient.testing import EmbeddedNSQ
 
 PARTITION_SHIFT = 50

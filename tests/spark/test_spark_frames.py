@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from nsqclient import protocol
-from nsqclient.batch import MessageBatch
+from nsqclient.consumer._batch import MessageBatch
 from nsqclient.protocol import FrameReader, decode_message, encode_frame
 from nsqclient.spark.frames import frames_of, to_rows
 from nsqclient.spark.rows import message_id_text, signed64

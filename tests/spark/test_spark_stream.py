@@ -251,7 +251,7 @@ def test_the_sink_publishes_keyed_rows_to_the_keys_partition_and_honours_partiti
     spark: Any,
 ) -> None:
     from nsqclient import Consumer
-    from nsqclient.partitions import key_partition
+    from nsqclient.lookupd._partitions import key_partition
     from nsqclient.testing import EmbeddedNSQ
 
     with EmbeddedNSQ(youzan=True, nsqd_count=2) as cluster:

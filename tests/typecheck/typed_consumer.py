@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import nsqclient
-from nsqclient.batch import MessageBatch
 from nsqclient.config import ConsumerOptions
+from nsqclient.consumer._batch import MessageBatch
 
 
 def handle(message: nsqclient.Message) -> bool:

@@ -1,0 +1,792 @@
+"""Connection: one TCP connection to one nsqd.
+
+The handshake (magic, IDENTIFY, TLS/snappy/deflate upgrades, AUTH) runs in the thread that calls
+:meth:`Connection.connect`.  After it, one thread at a time reads the socket: the reader thread,
+or (caller-reads mode, epoll only) a blocking requester reading its own answer while the reader
+sleeps (:meth:`read_until`).  A writer thread sends what other threads queue in one write; a
+request made while no other is in flight is written by its caller under the same send lock (one
+thread hand-off less per idle ``pub()``).  Writes stay whole, requests reach nsqd in the order of
+their pending answers, and only one thread at a time is ever inside the transport's write path.
+Any thread may send:
+
+* :meth:`Connection.send` for commands nsqd does not answer on success (RDY, FIN, REQ, TOUCH, NOP);
+* :meth:`Connection.request` for commands it answers (PUB, MPUB, DPUB, SUB, CLS...): the returned
+  Future resolves with the response bytes, or fails with the typed error nsqd sent.  Responses
+  are matched to requests in order (FIFO), which is how nsqd answers them.
+
+The reader answers heartbeats with NOP itself and hands messages and connection events to a
+delegate.  Delegate callbacks run on the reader thread and must not block; user code never runs
+there.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures._base import (
+    PENDING,
+)
+from typing import Any, Protocol, overload
+
+from .. import protocol
+from ..addresses import split_host_port
+from ..config import Config
+from ..errors import (
+    ConnectionClosedError,
+    NSQError,
+    NSQTimeoutError,
+    ServerError,
+    error_from_frame,
+)
+from ..platforms import HAS_EPOLL
+from ..protocol import DecodedMessage, FrameReader
+from ._futures import AnyFuture, RequestFuture, Waiter, wait_answered
+from ._handshake import open_transport
+from ._pending import Pending, expired_error
+from ._transport import Transport
+
+__all__ = [
+    "Connection",
+    "ConnectionDelegate",
+    "ConnectionState",
+    "RequestFuture",
+    "Waiter",
+]
+
+logger = logging.getLogger("nsqclient.conn")
+
+_STOP = object()
+#: bytes of queued commands joined into one socket write at most (one command may be more)
+_WRITE_SIZE = 64 * 1024
+# Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
+_UNSOLICITED = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+
+
+class ConnectionState(enum.Enum):
+    INIT = "init"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class ConnectionDelegate(Protocol):
+    """What a Connection tells its owner.  These methods run on the reader thread and must not
+    block.  A delegate may also have ``on_state_change(conn, old, new)`` (optional), called on
+    whichever thread moved the connection from one :class:`ConnectionState` to the next, and
+    ``on_messages(conn, messages)`` (optional), which takes every message of one socket read at
+    once, in order, instead of one ``on_message`` call each, or ``on_message_run(conn, run)``
+    (optional), which takes them undecoded (a :class:`~nsqclient.protocol.MessageRun`)."""
+
+    def on_message(self, conn: Connection, message: DecodedMessage) -> None: ...
+
+    def on_server_error(self, conn: Connection, error: ServerError) -> None: ...
+
+    def on_close(self, conn: Connection, reason: BaseException | None) -> None: ...
+
+
+class Connection:
+    """A connection to one nsqd.  See the module docstring for the threading model.
+
+    Args:
+        address: ``"host:port"`` of the nsqd TCP port.
+        config: a :class:`~nsqclient.config.Config` (timeouts in seconds).
+        delegate: receives messages, unsolicited errors and the close event.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        config: Config | None = None,
+        delegate: Any = None,
+        caller_reads: bool = False,
+    ):
+        self.host, self.port = split_host_port(address)
+        self.address = f"{self.host}:{self.port}"
+        self.config = config or Config()
+        self.delegate = delegate
+        self.state = ConnectionState.INIT
+        self.identify_response: dict[str, Any] = {}
+        self.auth_response: dict[str, Any] | None = None
+        self.extended = False
+        #: set by a consumer that subscribed with SUB_ORDERED/SUB_ADVANCED
+        self.ordered = False
+        #: the youzan partition a consumer subscribed to on this connection (None: classic)
+        self.partition: int | None = None
+        #: the consumer's name for this connection: the address, plus ``#partition``
+        self.key = self.address
+        #: RDY last sent and messages in flight on this connection (kept by the consumer)
+        self.rdy = 0
+        self.in_flight = 0
+        #: of those in flight, how many wait for a handler worker (kept by the consumer)
+        self.queued = 0
+        self.last_message_at = 0.0
+        self.last_rdy_at = 0.0
+        self.close_reason: BaseException | None = None
+        self._fatal_error: ServerError | None = None
+        self._write_error: BaseException | None = None
+        self.messages_received = 0
+        #: messages in the PUB/MPUB/DPUB written (counted as queued, as the caller said)
+        self.messages_sent = 0
+        self.pid = os.getpid()
+        self._transport: Transport | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        #: requests awaiting nsqd's answer, oldest first (guarded by _lock)
+        self._pending = Pending()
+        self._lock = threading.Lock()
+        # Held by whoever writes the socket: the writer thread or a caller writing directly.
+        self._send_lock = threading.Lock()
+        #: called with a RequestFuture that failed with nobody looking (a Producer's ledger)
+        self.on_request_failed: Callable[[RequestFuture], None] | None = None
+        self._closed_event = threading.Event()
+        self._abort = threading.Event()
+        self._sock: socket.socket | None = None
+        self._reader: threading.Thread | None = None
+        self._writer: threading.Thread | None = None
+        #: a blocking requester may read its own answer (see read_until); plain transports only
+        self._caller_reads = caller_reads
+        # Held by whichever thread reads the socket, in caller-reads mode (see _poll_read_loop).
+        self._read_lock = threading.Lock()
+        self._frames = FrameReader(self.config.max_frame_size, peer=self.address)
+        self._last_read = 0.0
+        self._read_error: BaseException | None = None
+        self._epoll: Any = None  # the reader's select.epoll, in caller-reads mode
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.address} {self.state.value}>"
+
+    # ---------------------------------------------------------------- negotiated values
+
+    @property
+    def max_rdy_count(self) -> int:
+        """The largest RDY this nsqd accepts (2500 when it did not say)."""
+        return int(self.identify_response.get("max_rdy_count", 2500))
+
+    @property
+    def msg_timeout(self) -> float:
+        """Seconds nsqd waits for FIN/REQ/TOUCH on this connection (60 when it did not say)."""
+        return self.identify_response.get("msg_timeout", 60000) / 1000.0
+
+    @property
+    def max_msg_timeout(self) -> float:
+        """Seconds: the most TOUCH can extend a message's timeout."""
+        return self.identify_response.get("max_msg_timeout", 900000) / 1000.0
+
+    @property
+    def is_connected(self) -> bool:
+        """True while requests can be sent (not after nsqd sent a fatal error)."""
+        return self.state is ConnectionState.CONNECTED and self._fatal_error is None
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is ConnectionState.CLOSED
+
+    # ---------------------------------------------------------------- handshake
+
+    def connect(self, deadline: float | None = None, deadline_name: str = "deadline") -> None:
+        """Dial, handshake, start the reader and writer threads.
+
+        The dial is bounded by ``dial_timeout`` and the whole handshake (magic, IDENTIFY, TLS
+        and compression upgrades, AUTH) by ``handshake_timeout``, whatever the peer does
+        (a peer dripping one byte a second included).  ``deadline``, a ``time.monotonic()``
+        value, bounds both together when it comes first (a publish's own timeout); a timeout
+        error names the limit that fired: ``dial_timeout``, ``handshake_timeout`` or
+        ``deadline_name``.
+
+        Raises:
+            NSQError: nsqd refused or broke the handshake (a subclass says how:
+                ServerError, AuthRequiredError, ProtocolError, NSQTimeoutError).
+            OSError: the connection cannot be made.
+
+        Nothing is left open on failure.
+        """
+        if self.state is not ConnectionState.INIT:
+            raise NSQError(f"connect() called on a connection in state {self.state.value}")
+        self._set_state(ConnectionState.CONNECTING)
+        try:
+            opened = open_transport(
+                self.address,
+                self.host,
+                self.port,
+                self.config,
+                deadline,
+                deadline_name,
+                self._abort,
+                self._keep_socket,
+            )
+        except BaseException as exc:
+            self.close_reason = exc
+            self._set_state(ConnectionState.CLOSED)
+            self._closed_event.set()
+            raise
+        self._transport = transport = opened.transport
+        self.identify_response = opened.identify_response
+        self.auth_response = opened.auth_response
+        self.extended = bool(self.config.extend_support)
+        transport.set_timeouts(self._read_deadline(), self.config.write_timeout)
+        # TLS may need to send records while reading; the reader never writes.
+        transport.set_output_callback(lambda: self._queue.put(b""))
+        self._set_state(ConnectionState.CONNECTED)
+        assert self._transport is not None
+        self._caller_reads = self._caller_reads and self._transport.plain and HAS_EPOLL
+        if self._caller_reads:
+            self._epoll = select.epoll()
+            self._epoll.register(self._transport.fileno(), select.EPOLLIN | select.EPOLLPRI)
+        self._last_read = time.monotonic()
+        self._reader = threading.Thread(
+            target=self._poll_read_loop if self._caller_reads else self._read_loop,
+            name=f"nsq-reader-{self.address}",
+            daemon=True,
+        )
+        self._writer = threading.Thread(
+            target=self._write_loop, name=f"nsq-writer-{self.address}", daemon=True
+        )
+        self._writer.start()
+        self._reader.start()
+        logger.debug("connected to %s: %s", self.address, self.identify_response)
+
+    def _set_state(self, new: ConnectionState) -> None:
+        old, self.state = self.state, new
+        self._report_state(old, new)
+
+    def _report_state(self, old: ConnectionState, new: ConnectionState) -> None:
+        """Log a state change and tell the delegate; never called under ``self._lock``."""
+        logger.debug("%s: %s -> %s", self.address, old.value, new.value)
+        hook = getattr(self.delegate, "on_state_change", None)
+        if hook is not None:
+            try:
+                hook(self, old, new)
+            except Exception:
+                logger.exception("on_state_change delegate of %s failed", self.address)
+
+    def abort_connect(self) -> None:
+        """From another thread: make a :meth:`connect` in progress fail at once (its socket is
+        shut down) instead of waiting out a handshake that a hung nsqd never answers.  The
+        dial itself is bounded by ``dial_timeout``."""
+        self._abort.set()
+        self._shutdown_socket()
+
+    def _keep_socket(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def _shutdown_socket(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _read_deadline(self) -> float:
+        """Seconds of silence after which nsqd is taken for dead."""
+        cfg = self.config
+        deadline = cfg.read_timeout
+        if cfg.heartbeat_interval > 0:
+            deadline = min(deadline, 2 * cfg.heartbeat_interval + min(cfg.heartbeat_interval, 5.0))
+        return deadline
+
+    # ---------------------------------------------------------------- commands
+
+    def send(self, command: bytes) -> None:
+        """Queue a command nsqd answers only on failure (RDY, FIN, REQ, TOUCH, NOP).
+
+        Raises ConnectionClosedError if the connection is closed.
+        """
+        if self.state is ConnectionState.CLOSED:
+            raise ConnectionClosedError(f"connection to {self.address} is closed")
+        self._queue.put(command)
+
+    @overload
+    def request(self, command: bytes, future: None = None, messages: int = 0) -> Future: ...
+
+    @overload
+    def request(self, command: bytes, future: AnyFuture, messages: int = 0) -> AnyFuture: ...
+
+    def request(
+        self, command: bytes, future: Future | Waiter | None = None, messages: int = 0
+    ) -> Future | Waiter:
+        """Queue a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS...); return its Future
+        (``future`` if given: a fresh Future or :class:`~nsqclient.conn.Waiter`).
+        ``messages``: how many messages the command publishes, for :meth:`stats`.
+
+        The Future's result is the response bytes (``b"OK"``, the 30-byte traced reply...), or
+        it fails with the ServerError nsqd sent, or ConnectionClosedError when the connection
+        closes first.  Never left waiting forever once the connection is gone.
+        """
+        if future is None:
+            future = RequestFuture()
+        elif isinstance(future, Future) and future._state == PENDING:
+            future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
+        with self._lock:
+            closed = self.state is not ConnectionState.CONNECTED or self._fatal_error is not None
+            pending = self._pending
+            if not closed:
+                pending.items.append(future)
+                self.messages_sent += messages
+            # Every earlier request written and no one writing: write it here rather than wake
+            # the writer, when the caller is about to block on the answer anyway (a Waiter) or
+            # nothing else is in flight; a caller pipelining futures leaves the writing to the
+            # writer, which joins them.  Otherwise queue it behind the others, so that answers
+            # keep the order of self._pending.  It may pass queued FIN/RDY/NOP, which get no
+            # answer and need no order relative to it.
+            direct = (
+                not closed
+                and not pending.unsent
+                and (type(future) is Waiter or len(pending.items) - pending.head == 1)
+                and self._send_lock.acquire(blocking=False)
+            )
+            if not direct and not closed:
+                pending.unsent += 1
+                self._queue.put((command, future))
+        if closed:
+            self._fail_request(
+                future,
+                ConnectionClosedError(
+                    f"connection to {self.address} is {self.state.value}", False, self.address
+                ),
+            )
+            return future
+        if direct:
+            if self._caller_reads and type(future) is Waiter:
+                # Its caller will wait for this answer: claim the reading before writing, so
+                # that the reader thread is not woken for it (see read_until).
+                future.reading = self._claim_reading()
+            try:
+                self._transport.sendall(command)  # type: ignore[union-attr]
+            except (OSError, NSQError, ValueError) as exc:
+                self._write_failed(exc)  # the reader then fails the pending request
+            finally:
+                self._send_lock.release()
+        return future
+
+    def pending_count(self) -> int:
+        """Requests sent and not answered yet."""
+        with self._lock:
+            return self._pending.count()
+
+    def pending_requests(self) -> list[Future | Waiter]:
+        """The futures of the requests sent and not answered yet, oldest first."""
+        with self._lock:
+            return self._pending.waiting()
+
+    def _answer_oks(self, count: int) -> None:
+        """``count`` OK responses at once: the oldest ``count`` pending requests get ``b"OK"``
+        (one lock round for all, where :meth:`_dispatch` takes one each)."""
+        with self._lock:
+            futures = self._pending.take(count)
+        ok = protocol.OK
+        for future in futures:
+            if not future.done():
+                future.set_result(ok)
+        if len(futures) < count:
+            extra = count - len(futures)
+            logger.warning("unexpected response from %s: %r x %d", self.address, ok, extra)
+
+    def _pop_pending(self) -> Future | Waiter | None:
+        with self._lock:
+            return self._pending.pop()
+
+    # ---------------------------------------------------------------- threads
+
+    def _write_loop(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        q = self._queue
+        stop = False
+        try:
+            while not stop:
+                try:
+                    item = q.get(timeout=1.0)
+                except queue.Empty:
+                    if self.state is ConnectionState.CLOSED:
+                        return
+                    continue
+                if item is _STOP:
+                    return
+                chunks: list[bytes] = []
+                #: the requests among them: (index in chunks, future)
+                requests: list[tuple[int, Any]] = []
+                size = 0
+                # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
+                # glibc keep freed megabytes around (its mmap threshold grows with them).
+                while True:
+                    if type(item) is tuple:  # a request (see request())
+                        requests.append((len(chunks), item[1]))
+                        item = item[0]
+                    chunks.append(item)
+                    size += len(item)
+                    if size >= _WRITE_SIZE:
+                        break
+                    try:
+                        item = q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                with self._send_lock:
+                    if requests:
+                        # Written from here on, as far as expire_before() is concerned.
+                        with self._lock:
+                            pending = self._pending
+                            if pending.dropped:
+                                chunks = pending.without_dropped(chunks, requests)
+                            pending.unsent -= len(requests)
+                        if not chunks:
+                            continue
+                    transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+        except (OSError, NSQError, ValueError) as exc:
+            self._write_failed(exc)
+
+    def request_mark(self) -> int:
+        """A mark for "every request sent so far": pass it later to :meth:`expire_before`."""
+        with self._lock:
+            return self._pending.mark()
+
+    def expire_before(self, mark: int) -> int:
+        """Fail with NSQTimeoutError every request sent before ``mark`` (from
+        :meth:`request_mark`) and still unanswered, but a blocking caller's
+        :class:`~nsqclient.conn.Waiter`; return how many.  A written one keeps its place
+        (nsqd's late answer is dropped): ``maybe_processed`` True; one still queued is never
+        written: False."""
+        with self._lock:
+            expired = self._pending.expire_before(mark)
+        for future, written in expired:
+            self._fail_request(future, expired_error(self.address, written))
+        return len(expired)
+
+    def expire_request(self, future: Future | Waiter) -> bool:
+        """:meth:`expire_before` for one request, now; False when it is not pending here."""
+        with self._lock:
+            written = self._pending.expire(future)
+        if written is not None:
+            self._fail_request(future, expired_error(self.address, written))
+        return written is not None
+
+    def _fail_request(self, future: Future | Waiter, error: BaseException) -> None:
+        """Fail a request's future (unless answered meanwhile) and tell ``on_request_failed``
+        of a RequestFuture whose outcome nobody has taken yet."""
+        if future.done():
+            return
+        future.set_exception(error)
+        hook = self.on_request_failed
+        if hook is not None and type(future) is RequestFuture and not future.observed:
+            hook(future)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """A write failed or timed out (``write_timeout``): part of a command may be on the
+        wire, so the connection is unusable.  Shutting the socket down makes the reader close it
+        and fail every pending request."""
+        logger.debug("write to %s failed: %s", self.address, exc)
+        # Not the close reason yet: nsqd may have explained itself (a fatal error frame, read
+        # after this, when it closed the socket under the write); see _close_reason.
+        if self.state is not ConnectionState.CLOSED:
+            self._write_error = self._write_error or exc
+        if self._transport is not None:
+            self._transport.shutdown()
+
+    def _read_loop(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        reason: BaseException | None = None
+        try:
+            while True:
+                data = transport.recv(262144)
+                if not data:
+                    if self.state is not ConnectionState.CLOSING:
+                        reason = ConnectionClosedError(f"{self.address} closed the connection")
+                    break
+                self._process(data)
+        except Exception as exc:
+            reason = self._read_failure(exc)
+        finally:
+            self._finish_close(self._close_reason(reason))
+
+    def _poll_read_loop(self) -> None:
+        """The reader in caller-reads mode: wait for data without holding the read lock, so
+        that a blocking requester may take the lock and read its own answer (one thread
+        hand-off less per blocking publish); read only what is waiting, under the lock."""
+        transport = self._transport
+        assert transport is not None
+        poller = self._epoll
+        silence = self._read_deadline()
+        reason: BaseException | None = None
+        try:
+            while True:
+                wait = self._last_read + silence - time.monotonic()
+                if wait <= 0:
+                    raise TimeoutError
+                if not poller.poll(wait):
+                    continue  # a requester may have read meanwhile: recompute the silence
+                with self._read_lock:
+                    data = transport.recv_nowait(262144)
+                    if data is None:
+                        continue  # a requester read it
+                    if not data:
+                        if self.state is not ConnectionState.CLOSING:
+                            reason = self._read_error or ConnectionClosedError(
+                                f"{self.address} closed the connection"
+                            )
+                        break
+                    self._last_read = time.monotonic()
+                    self._process(data)
+        except Exception as exc:
+            reason = self._read_failure(exc)
+        finally:
+            self._finish_close(self._close_reason(reason))
+            poller.close()
+
+    def _read_failure(self, exc: Exception) -> BaseException | None:
+        """Why a reader loop ended on ``exc``: silence past the read deadline, the stream
+        failing (unless we were closing it), or a bug (logged: a delegate's bug must not leave
+        futures hanging)."""
+        if isinstance(exc, TimeoutError):
+            return self._silence_error()
+        if isinstance(exc, OSError | NSQError | ValueError):
+            return exc if self.state is not ConnectionState.CLOSING else None
+        logger.exception("unexpected error on the reader of %s", self.address)
+        return exc
+
+    def _close_reason(self, seen: BaseException | None) -> BaseException | None:
+        """Why the stream ended: what nsqd said beats a failed write, which beats what the
+        reader saw last.  A failed write is logged only when nsqd did not explain it (a 6 MB
+        PUB gets E_BAD_MESSAGE, then a reset under the rest of the write: the error says it)."""
+        if self._fatal_error is not None:
+            return self._fatal_error
+        if self._write_error is not None:
+            logger.warning("write to %s failed: %s", self.address, self._write_error)
+            return self._write_error
+        return seen
+
+    def read_until(self, future: Future | Waiter, deadline: float) -> None:
+        """Caller-reads mode: read and handle what nsqd sends in the calling thread until
+        ``future`` is done, ``deadline`` (``time.monotonic()``) passes, or the stream fails,
+        when the reading is this caller's (claimed by :meth:`request` for a
+        :class:`~nsqclient.conn.Waiter`) or free; otherwise return at once.  Either way
+        the caller then waits on ``future`` as usual: the reader thread handles whatever this
+        left.  A caller whose Waiter holds the
+        reading must call this (a past ``deadline`` just gives it back)."""
+        if type(future) is Waiter and future.reading:
+            future.reading = False
+        elif not self._caller_reads or not self._claim_reading():
+            return
+        transport = self._transport
+        assert transport is not None
+        try:
+            while not future.done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                data = transport.recv_within(262144, remaining)
+                if not data:
+                    return  # end of stream: the reader thread sees it too and closes
+                self._last_read = time.monotonic()
+                self._process(data)
+        except TimeoutError:
+            return
+        except Exception as exc:
+            # The stream is unusable; let the reader thread close with this reason.
+            self._read_error = exc
+            transport.shutdown()
+        finally:
+            self._end_reading()
+
+    def _claim_reading(self) -> bool:
+        """Take the reading from the reader thread (which sleeps); False if one is reading."""
+        if not self._read_lock.acquire(blocking=False):
+            return False
+        try:
+            self._epoll.modify(self._transport.fileno(), 0)  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            self._read_lock.release()
+            return False  # closing
+        return True
+
+    def _end_reading(self) -> None:
+        try:
+            self._epoll.modify(self._transport.fileno(), select.EPOLLIN | select.EPOLLPRI)  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass  # closed meanwhile: the reader thread has gone or is going
+        self._read_lock.release()
+
+    def _silence_error(self) -> NSQTimeoutError:
+        return NSQTimeoutError(
+            f"no data from {self.address} for {self._read_deadline():.1f}s "
+            "(heartbeats missed); closing"
+        )
+
+    def _process(self, data: bytes) -> None:
+        """Handle one read's bytes in order: a run of message frames at once, others each."""
+        oks = self._frames.ok_frames(data)
+        if oks:
+            self._answer_oks(oks)
+            return
+        run_type = protocol.MessageRun
+        for item in self._frames.feed_runs(data):
+            if type(item) is run_type:
+                self._deliver(item)
+            else:
+                self._dispatch(item)  # type: ignore[arg-type]
+
+    def _deliver(self, run: protocol.MessageRun) -> None:
+        """A run of message frames to the delegate: undecoded to ``on_message_run`` when it has
+        one (a columnar consumer), else decoded to ``on_messages`` or ``on_message`` each."""
+        self.messages_received += len(run.starts)
+        self.last_message_at = time.monotonic()
+        delegate = self.delegate
+        if delegate is None:
+            return
+        on_run = getattr(delegate, "on_message_run", None)
+        if on_run is not None:
+            on_run(self, run)
+            return
+        decode, buf = protocol.decode_message_at, run.buffer
+        youzan, extended, ordered = self.config.youzan, self.extended, self.ordered
+        pairs = zip(run.starts, run.ends, strict=True)
+        decoded = [decode(buf, start, end, youzan, extended, ordered) for start, end in pairs]
+        on_messages = getattr(delegate, "on_messages", None)
+        if on_messages is not None:
+            on_messages(self, decoded)
+        else:
+            for message in decoded:
+                delegate.on_message(self, message)
+
+    def _dispatch(self, frame: protocol.Frame) -> None:
+        """A response or error frame (messages go to :meth:`_deliver`)."""
+        ftype, data = frame
+        if ftype == protocol.FRAME_TYPE_RESPONSE:
+            if data == protocol.HEARTBEAT:
+                self._queue.put(protocol.nop())
+                return
+            future = self._pop_pending()
+            if future is None:
+                logger.warning("unexpected response from %s: %r", self.address, data[:100])
+            elif not future.done():
+                # one shared b"OK" rather than one per answer held by every finished future
+                future.set_result(protocol.OK if data == protocol.OK else data)
+            return
+        error = error_from_frame(data)
+        if error.code in _UNSOLICITED:
+            if self.delegate is not None:
+                self.delegate.on_server_error(self, error)  # the delegate reports it
+            else:
+                logger.warning("%s: %s", self.address, error)
+            return
+        future = self._pop_pending()
+        if future is not None and not future.done():
+            self._fail_request(future, error)
+        else:
+            logger.error("%s sent an error: %s", self.address, error)
+            if self.delegate is not None:
+                self.delegate.on_server_error(self, error)
+        if error.fatal:
+            # nsqd closes the connection after this error; remember it as the reason.
+            self._fatal_error = error
+
+    def _finish_close(self, reason: BaseException | None) -> None:
+        with self._lock:
+            old = self.state
+            self.state = ConnectionState.CLOSED
+            pending = self._pending.clear()
+        if old is ConnectionState.CLOSED:
+            return
+        if reason is not None and self.close_reason is None:
+            self.close_reason = reason
+        reason = self.close_reason if reason is None else reason
+        # nsqd handles commands in order and stops at a fatal error: whatever was queued
+        # behind the request that caused it was not processed.
+        after_fatal = self._fatal_error is not None or isinstance(reason, ServerError)
+        for future in pending:
+            if not future.done():
+                exc = ConnectionClosedError(
+                    f"connection to {self.address} closed before nsqd answered"
+                    + (f": {reason}" if reason else ""),
+                    not after_fatal,
+                    self.address,
+                )
+                exc.__cause__ = reason
+                self._fail_request(future, exc)
+        self._queue.put(_STOP)
+        if self._transport is not None:
+            self._transport.shutdown()
+        self._closed_event.set()
+        self._report_state(old, ConnectionState.CLOSED)
+        if reason is not None:
+            logger.info("connection to %s closed: %s", self.address, reason)
+        if self.delegate is not None:
+            try:
+                self.delegate.on_close(self, reason)
+            except Exception:
+                logger.exception("on_close delegate of %s failed", self.address)
+
+    # ---------------------------------------------------------------- closing
+
+    def send_cls(self) -> Future:
+        """Send CLS: nsqd stops sending messages and answers CLOSE_WAIT (the connection stays
+        open so in-flight messages can still be finished)."""
+        return self.request(protocol.cls())
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close: wait up to ``timeout`` seconds for pending requests to be answered, flush what
+        is queued, close the socket and join both threads.  Safe to call twice, from any thread
+        but the connection's own."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self._lock:
+            closing = self.state is ConnectionState.CONNECTED
+            if closing:
+                self.state = ConnectionState.CLOSING
+            pending = self._pending.waiting()
+        if closing:
+            self._report_state(ConnectionState.CONNECTED, ConnectionState.CLOSING)
+        for future in pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not wait_answered(future, remaining):
+                break
+        current = threading.current_thread()
+        self._queue.put(_STOP)
+        if self._writer is not None and self._writer is not current:
+            self._writer.join(max(deadline - time.monotonic(), 0.1))
+        if self._transport is not None:
+            self._transport.shutdown()
+        if self._reader is not None and self._reader is not current:
+            self._reader.join(max(deadline - time.monotonic(), 1.0))
+        if self.state is not ConnectionState.CLOSED:
+            self._finish_close(None)
+        if self._transport is not None:
+            self._transport.close()
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Block until the connection is closed; False on timeout."""
+        return self._closed_event.wait(timeout)
+
+    # ---------------------------------------------------------------- stats
+
+    def stats(self) -> dict[str, Any]:
+        """This connection's figures: ``address``, ``state``, ``rdy``, ``in_flight``,
+        ``queued`` (of those in flight, how many wait for a handler), ``messages_received``,
+        ``messages_sent``, ``pending_requests``, ``bytes_in``, ``bytes_out`` (raw socket bytes),
+        ``tls`` (version or None), ``compression`` and ``max_rdy_count``."""
+        t = self._transport
+        return {
+            "address": self.address,
+            "state": self.state.value,
+            "rdy": self.rdy,
+            "in_flight": self.in_flight,
+            "queued": self.queued,
+            "messages_received": self.messages_received,
+            "messages_sent": self.messages_sent,
+            "pending_requests": self.pending_count(),
+            "bytes_in": t.bytes_in if t else 0,
+            "bytes_out": t.bytes_out if t else 0,
+            "tls": t.tls_version if t else None,
+            "compression": t.compression if t else None,
+            "max_rdy_count": self.max_rdy_count,
+        }

@@ -1,0 +1,157 @@
+"""The requests of one connection waiting for nsqd's answer, in the order nsqd answers them.
+
+nsqd answers requests (PUB, MPUB, DPUB, SUB, CLS...) in the order it reads them, so a
+connection keeps their futures in a FIFO and hands each answer to the oldest.  :class:`Pending`
+is that FIFO and what goes with it: how many of the newest are still queued for the writer
+(unsent), a place for every request ever sent (for :meth:`Pending.mark`), and the requests
+expired before they were written, which the writer must drop.  It holds no lock: its
+connection's lock guards every call.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from ..errors import NSQTimeoutError
+from ._futures import Waiter
+
+__all__ = ["Pending", "expired_error"]
+
+#: answered futures cut off the front of the FIFO at once, at least
+_CUT = 1024
+
+
+class Pending:
+    """The FIFO of requests awaiting answers (see the module doc)."""
+
+    __slots__ = ("items", "head", "unsent", "base", "dropped", "expired_upto")
+
+    def __init__(self) -> None:
+        #: the futures, oldest first; those before ``head`` are answered
+        self.items: list[Future | Waiter] = []
+        self.head = 0
+        #: of the newest, how many are still queued for the writer (their order is the queue's)
+        self.unsent = 0
+        #: the place of items[0] among every request the connection ever sent
+        self.base = 0
+        #: expired before they were written: the writer drops them
+        self.dropped: set[Any] = set()
+        #: every request before this place was looked at by expire_before
+        self.expired_upto = 0
+
+    def count(self) -> int:
+        """Requests not answered yet."""
+        return len(self.items) - self.head
+
+    def waiting(self) -> list[Future | Waiter]:
+        """The futures not answered yet, oldest first."""
+        return self.items[self.head :]
+
+    def take(self, count: int) -> list[Future | Waiter]:
+        """The oldest ``count`` (or fewer) futures, now answered."""
+        head = self.head
+        futures = self.items[head : head + count]
+        self.head = head + len(futures)
+        self._cut()
+        return futures
+
+    def pop(self) -> Future | Waiter | None:
+        """The oldest future, now answered (None when none waits)."""
+        if self.head >= len(self.items):
+            return None
+        future = self.items[self.head]
+        self.head += 1
+        self._cut()
+        return future
+
+    def clear(self) -> list[Future | Waiter]:
+        """Every future not answered yet; the FIFO is empty afterwards."""
+        waiting = self.items[self.head :]
+        self.base += len(self.items)
+        self.items = []
+        self.head = 0
+        return waiting
+
+    def _cut(self) -> None:
+        """Cut the answered futures off the front once they are many and most of the list."""
+        head = self.head
+        if head > _CUT and head * 2 > len(self.items):
+            del self.items[:head]
+            self.head = 0
+            self.base += head
+
+    def mark(self) -> int:
+        """The place of the next request: every request sent so far comes before it."""
+        return self.base + len(self.items)
+
+    def expire_before(self, mark: int) -> list[tuple[Any, bool]]:
+        """The requests before ``mark`` not answered nor looked at yet, but blocking callers'
+        Waiters (they keep their own time), with whether each was written: those never
+        written are taken out and put in ``dropped``, every later request keeping its place."""
+        items = self.items
+        end = min(mark - self.base, len(items))
+        start = max(self.head, self.expired_upto - self.base)
+        if end <= start:
+            return []
+        written_end = len(items) - self.unsent
+        expired = [
+            (future, i < written_end)
+            for i in range(start, end)
+            if type(future := items[i]) is not Waiter and not future.done()
+        ]
+        self.expired_upto = self.base + end
+        unsent = {future for future, written in expired if not written}
+        if unsent:
+            items[written_end:end] = [f for f in items[written_end:end] if f not in unsent]
+            self.base += len(unsent)
+            self.unsent -= len(unsent)
+            self.dropped |= unsent
+        return expired
+
+    def expire(self, future: Future | Waiter) -> bool | None:
+        """Take ``future`` out as :meth:`expire_before` would: None when it is answered or not
+        here, else whether it was written."""
+        items = self.items
+        try:
+            i = items.index(future, self.head)
+        except ValueError:
+            return None
+        if future.done():
+            return None
+        written = i < len(items) - self.unsent
+        if not written:
+            del items[i]
+            self.base += 1  # the later requests keep their places
+            self.unsent -= 1
+            self.dropped.add(future)
+        return written
+
+    def without_dropped(self, chunks: list[bytes], requests: list[tuple[int, Any]]) -> list[bytes]:
+        """The writer's batch ``chunks`` without the requests in ``dropped`` (``requests``:
+        (index in chunks, future) of the batch's requests, which loses them too)."""
+        skip = set()
+        for i, future in list(requests):
+            if future in self.dropped:
+                self.dropped.discard(future)
+                skip.add(i)
+                requests.remove((i, future))
+        return [c for i, c in enumerate(chunks) if i not in skip]
+
+
+def expired_error(address: str, written: bool) -> NSQTimeoutError:
+    """The error of a request to ``address`` that got no answer within its publish's timeout:
+    ``maybe_processed`` is whether it was ``written``."""
+    if written:
+        return NSQTimeoutError(
+            f"no answer from {address} within the publish's timeout; it may or may not be"
+            " stored (the connection is kept: nsqd may just be slow)",
+            maybe_processed=True,
+            address=address,
+        )
+    return NSQTimeoutError(
+        f"not written to {address} within the publish's timeout (earlier writes were not"
+        " taken); nothing was sent",
+        maybe_processed=False,
+        address=address,
+    )

@@ -1,0 +1,17 @@
+"""The Consumer and what it owns: discovery of nsqd (direct or through nsqlookupd), the RDY
+balancer, the work queue, the dispatch to handler workers or to takers, the answers (FIN, REQ,
+TOUCH) and the columnar batches of ``take_batches()``."""
+
+from ._batch import HEADER_SIZE, ID_OFFSET, BatchResponder, MessageBatch, Origin
+from ._consumer import ConnectionCounts, Consumer, Handler
+
+__all__ = [
+    "HEADER_SIZE",
+    "ID_OFFSET",
+    "BatchResponder",
+    "ConnectionCounts",
+    "Consumer",
+    "Handler",
+    "MessageBatch",
+    "Origin",
+]
