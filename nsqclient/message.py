@@ -6,12 +6,9 @@ import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .protocol import DecodedMessage
-
-if TYPE_CHECKING:
-    from .conn._connection import Connection
 
 __all__ = ["Message", "MessageResponder", "RequeueMessage", "claim_all"]
 
@@ -114,7 +111,7 @@ class Message:
         responder: MessageResponder | None = None,
         nsqd_address: str = "",
         partition: int | None = None,
-        conn: Connection | None = None,
+        conn: Any = None,
     ):
         if not isinstance(decoded, DecodedMessage):
             # pynsq's form: Message(id, body, timestamp, attempts)
@@ -136,7 +133,8 @@ class Message:
         #: monotonic time of the last touch() (None: never touched)
         self.touched_at: float | None = None
         self._responder = responder
-        self._conn = conn  # the Connection it arrived on
+        # the Connection it arrived on (the Consumer's; a leaf does not know its type)
+        self._conn = conn
         self._responded = False
         self._async = False
 
@@ -145,7 +143,7 @@ class Message:
         cls,
         decoded: DecodedMessage,
         responder: MessageResponder,
-        conn: Connection,
+        conn: Any,
         received_at: float,
     ) -> Message:
         """A message as a Consumer builds it on a reader thread: the constructor's work

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .consumer._batch import MessageBatch
     from .message import Message
 
 __all__ = [
@@ -187,14 +186,14 @@ class Observer:
         (one, or a batch answered at once), on the thread that answered.  ``delay``: the
         requeue delay in seconds; ``backoff``: whether the requeue counts as a failure."""
 
-    def batches_taken(self, consumer: Any, batches: Sequence[MessageBatch]) -> None:
+    def batches_taken(self, consumer: Any, batches: Sequence[Any]) -> None:
         """Columnar pull mode: ``batches`` (:class:`~nsqclient.consumer.MessageBatch`, each
         ``len()`` messages) were taken (``consumer.take_batches()``), on the taking thread."""
 
     def batches_answered(
         self,
         consumer: Any,
-        batches: Sequence[MessageBatch],
+        batches: Sequence[Any],
         action: str,
         delay: float | None,
         backoff: bool | None,

@@ -1,4 +1,5 @@
-"""Publishing by lookup (nsqclient/producer/_by_lookup.py) against a fake pool of nsqd endpoints: the
+"""Publishing by lookup (nsqclient/producer/_by_lookup.py) against a fake pool of nsqd endpoints:
+the
 collaborator asks the pool it writes through only what :class:`PublishingPool` says, and one
 retry policy decides for the blocking and the asynchronous path alike (each case runs both
 ways)."""

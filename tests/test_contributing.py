@@ -53,9 +53,7 @@ def test_every_sub_package_of_the_embedded_nsq_is_named():
 
 def test_the_map_names_no_module_that_is_gone():
     mentioned = set(re.findall(r"``((?:[a-z]+/)?[a-z_]+\.py)``", MAP))
-    gone = sorted(
-        m for m in mentioned if not (PACKAGE / m).exists() and not (ROOT / m).exists()
-    )
+    gone = sorted(m for m in mentioned if not (PACKAGE / m).exists() and not (ROOT / m).exists())
     assert gone == []
 
 

@@ -92,3 +92,27 @@ def test_every_guide_is_in_the_toctree(built):
         "API reference",
     ):
         assert page in index, page
+
+
+#: the faces of the packages: what each exports is public, and documented
+PACKAGE_FACES = ("conn", "consumer", "producer", "lookupd")
+
+
+def test_the_api_reference_has_every_name_the_packages_export(built):
+    import importlib
+
+    text = page_text(built, "api.html")
+    for face in PACKAGE_FACES:
+        module = importlib.import_module(f"nsqclient.{face}")
+        for name in module.__all__:
+            top = getattr(nsqclient, name, None) is getattr(module, name)
+            assert f"nsqclient.{face}.{name}" in text or (top and f"nsqclient.{name}" in text), (
+                f"nsqclient.{face}.{name}"
+            )
+
+
+def test_the_api_reference_documents_no_private_module():
+    """Users never import a module whose name starts with ``_``: the page names none."""
+    with open(os.path.join(DOCS, "api.rst"), encoding="utf-8") as f:
+        source = f.read()
+    assert re.findall(r"nsqclient(?:\.\w+)*\._[a-z]\w*", source) == []

@@ -1,4 +1,5 @@
-"""An nsqd endpoint of a Producer's pool (nsqclient/producer/_endpoint.py) owns its connect / down / up
+"""An nsqd endpoint of a Producer's pool (nsqclient/producer/_endpoint.py) owns its connect / down /
+up
 state: it connects when asked or on its own thread, waits out a reconnect delay after a failure,
 logs an outage once, says so when the address is back, and keeps its counters across
 reconnects."""

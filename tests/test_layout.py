@@ -12,6 +12,7 @@ edge: every module would otherwise sit in a circle with its own package.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -252,6 +253,134 @@ def _reachable(start: str) -> set[str]:
                 seen.add(child)
                 todo.append(child)
     return seen
+
+
+#: the pure leaves: no I/O, no thread, nothing but the standard library and one another
+PURE_LEAVES = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        "_version",
+        "errors",
+        "checks",
+        "addresses",
+        "durations",
+        "config",
+        "platforms",
+        "backoff",
+        "rdy",
+        "message",
+        "observe",
+        "protocol",
+        "lookupd._partitions",
+    )
+}
+#: what both clients reach beside the leaves: the HTTP clients (requests) and the lookupd pool
+SHARED = {f"{PACKAGE}.http", f"{PACKAGE}.lookupd", f"{PACKAGE}.lookupd._pool"}
+ADD_ONS = ("compat", "cli", "otel", "spark")
+
+
+def layer(module: str) -> str:
+    """The layer of docs/contributing.rst's drawing that ``module`` is in."""
+    if module in (PACKAGE, f"{PACKAGE}.__main__"):
+        return "face"
+    if module in PURE_LEAVES:
+        return "leaf"
+    if module in SHARED:
+        return "shared"
+    top = module.split(".")[1]
+    if top in ("conn", "consumer", "producer", "testing"):
+        return top
+    if top in ADD_ONS:
+        return f"add-on {top}"
+    raise AssertionError(f"{module} is in no layer of docs/contributing.rst")
+
+
+#: what each layer may import, besides itself
+MAY_IMPORT = {
+    "leaf": {"leaf"},
+    "shared": {"leaf"},
+    "conn": {"leaf", "shared"},
+    "consumer": {"leaf", "shared", "conn"},
+    "producer": {"leaf", "shared", "conn"},
+    "testing": {"leaf", "shared", "conn"},
+}
+
+
+def is_private(module: str) -> bool:
+    """A module users never import: one part of its name starts with ``_`` (``__main__`` and
+    ``_version`` are the package's own)."""
+    return any(part.startswith("_") for part in module.split(".")[1:]) and module not in (
+        f"{PACKAGE}.__main__",
+        f"{PACKAGE}._version",
+    )
+
+
+def wrong_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points up or sideways, as ``"a -> b (why)"``."""
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        mine = layer(module)
+        for target in sorted(imported):
+            theirs = layer(target)
+            if theirs == mine:
+                continue
+            if mine.startswith("add-on") or mine == "testing":
+                if is_private(target):
+                    wrong.append(f"{module} -> {target} ({mine} uses the public surface)")
+                if mine != "testing":
+                    continue
+            if mine == "face":
+                continue
+            if theirs not in MAY_IMPORT[mine]:
+                wrong.append(f"{module} -> {target} ({mine} may not import {theirs})")
+    return wrong
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in MODULES:
+        layer(module)
+
+
+def test_the_arrows_point_down() -> None:
+    assert wrong_arrows(GRAPH) == []
+
+
+def test_the_arrow_check_sees_each_kind_of_wrong_arrow() -> None:
+    graph = {
+        f"{PACKAGE}.message": {f"{PACKAGE}.conn._connection"},  # a leaf naming the connection
+        f"{PACKAGE}.lookupd._partitions": {f"{PACKAGE}.http"},  # a pure leaf importing requests
+        f"{PACKAGE}.consumer._consumer": {f"{PACKAGE}.producer"},  # one client the other
+        f"{PACKAGE}.conn._connection": {f"{PACKAGE}.consumer"},  # the connection a client
+        f"{PACKAGE}.spark.sink": {f"{PACKAGE}.producer._producer", f"{PACKAGE}.producer"},
+        f"{PACKAGE}.testing.helpers": {f"{PACKAGE}.consumer", f"{PACKAGE}.conn"},
+        f"{PACKAGE}.testing.real": {f"{PACKAGE}.conn._connection"},
+    }
+    assert [arrow.split(" (")[0] for arrow in wrong_arrows(graph)] == [
+        f"{PACKAGE}.conn._connection -> {PACKAGE}.consumer",
+        f"{PACKAGE}.consumer._consumer -> {PACKAGE}.producer",
+        f"{PACKAGE}.lookupd._partitions -> {PACKAGE}.http",
+        f"{PACKAGE}.message -> {PACKAGE}.conn._connection",
+        f"{PACKAGE}.spark.sink -> {PACKAGE}.producer._producer",
+        f"{PACKAGE}.testing.helpers -> {PACKAGE}.consumer",
+        f"{PACKAGE}.testing.real -> {PACKAGE}.conn._connection",
+    ]
+
+
+def test_pure_leaves_import_only_the_standard_library() -> None:
+    """Beyond one another (test_the_arrows_point_down), a pure leaf imports nothing that is
+    not in the standard library: ``requests`` is why http.py is not one."""
+    for module in sorted(PURE_LEAVES):
+        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top == PACKAGE, f"{module}: {name}"
 
 
 def test_testing_never_imports_consumer_or_producer() -> None:

@@ -1,6 +1,6 @@
 """The Futures a Producer hands out before their publish is on a connection
-(nsqclient/producer/_outer_futures.py): kept until done, failed at their deadline saying whether anything was
-sent, never sent once failed, and following the request written for them."""
+(nsqclient/producer/_outer_futures.py): kept until done, failed at their deadline saying whether
+anything was sent, never sent once failed, and following the request written for them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The nsqd endpoints of a Producer and the writing of a command on them (nsqclient/producer/_nsqd_pool.py):
-failover past an address that is down (warned once), pub_async's never-blocking write, the
-backlog's fail-fast when every address waits out its reconnect delay, and a closed pool."""
+"""The nsqd endpoints of a Producer and the writing of a command on them
+(nsqclient/producer/_nsqd_pool.py): failover past an address that is down (warned once),
+pub_async's never-blocking write, the backlog's fail-fast when every address waits out its
+reconnect delay, and a closed pool."""
 
 from __future__ import annotations
 
