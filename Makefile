@@ -20,28 +20,34 @@ install: $(STAMP)
 # The client's integration tests run a second time with the embedded nsqd cutting every write
 # into small random pieces (NSQCLIENT_TESTING_SPLIT_WRITES, see nsqclient/testing/nsqd/writes.py),
 # so that frame reassembly is tested on every read boundary.  Skipped against real binaries.
-SPLIT_WRITES_TESTS := tests/test_consumer.py tests/test_consumer_faults.py \
-	tests/test_consumer_scale.py tests/test_producer.py tests/test_producer_wsgi.py \
-	tests/test_conn.py tests/test_conn_writes.py tests/test_compat.py \
-	tests/test_consumer_resilience.py tests/test_producer_lifecycle.py \
-	tests/test_conn_caller_reads.py tests/test_request_future.py \
-	tests/test_youzan_client.py tests/test_producer_lookup.py tests/test_consumer_columnar.py
+SPLIT_WRITES_TESTS := tests/consumer/test_consumer.py tests/consumer/test_consumer_faults.py \
+	tests/consumer/test_consumer_scale.py tests/producer/test_producer.py \
+	tests/producer/test_producer_wsgi.py tests/conn/test_connection.py \
+	tests/conn/test_connection_writes.py tests/compat/test_compat.py \
+	tests/consumer/test_consumer_resilience.py tests/producer/test_producer_lifecycle.py \
+	tests/conn/test_connection_caller_reads.py tests/conn/test_futures.py \
+	tests/youzan/test_youzan_client.py tests/producer/test_producer_lookup.py \
+	tests/consumer/test_consumer_columnar.py
 
 # The simulated platforms (docs/platforms.rst): these tests run once more in processes where what
 # macOS's Python lacks is taken away, and once more where what Windows' lacks is, by
 # tests/simulated/sitecustomize.py (NSQCLIENT_SIMULATE=macos|windows, inherited by every process
 # the tests start).
-SIMULATED_TESTS := tests/test_platforms.py tests/test_consumer.py tests/test_consumer_pull.py \
-	tests/test_consumer_columnar.py tests/test_consumer_faults.py \
-	tests/test_consumer_resilience.py tests/test_producer.py tests/test_producer_async.py \
-	tests/test_producer_delivery.py tests/test_producer_lifecycle.py \
-	tests/test_producer_lookup.py tests/test_producer_wsgi.py tests/test_conn.py \
-	tests/test_conn_caller_reads.py tests/test_conn_writes.py tests/test_request_future.py \
-	tests/test_transport.py tests/test_youzan_client.py tests/test_compat.py \
-	tests/test_pynsq_tornado.py tests/test_embedded_dropin.py tests/test_embedded_standalone.py \
-	tests/test_embedded_nsqd.py tests/test_embedded_lookupd.py tests/test_embedded_youzan.py \
-	tests/test_embedded_protocol_v2.py tests/test_embedded_auth.py tests/test_otel.py \
-	tests/test_otel_pull.py tests/test_otel_env.py tests/cli
+SIMULATED_TESTS := tests/test_platforms.py tests/consumer/test_consumer.py \
+	tests/consumer/test_consumer_pull.py tests/consumer/test_consumer_columnar.py \
+	tests/consumer/test_consumer_faults.py tests/consumer/test_consumer_resilience.py \
+	tests/producer/test_producer.py tests/producer/test_producer_async.py \
+	tests/producer/test_producer_delivery.py tests/producer/test_producer_lifecycle.py \
+	tests/producer/test_producer_lookup.py tests/producer/test_producer_wsgi.py \
+	tests/conn/test_connection.py tests/conn/test_connection_caller_reads.py \
+	tests/conn/test_connection_writes.py tests/conn/test_futures.py \
+	tests/conn/test_transport.py tests/youzan/test_youzan_client.py \
+	tests/compat/test_compat.py tests/compat/test_pynsq_tornado.py \
+	tests/embedded/test_embedded_dropin.py tests/embedded/test_embedded_standalone.py \
+	tests/embedded/test_embedded_nsqd.py tests/embedded/test_embedded_lookupd.py \
+	tests/embedded/test_embedded_youzan.py tests/embedded/test_embedded_protocol_v2.py \
+	tests/embedded/test_embedded_auth.py tests/otel/test_otel.py \
+	tests/otel/test_otel_pull.py tests/otel/test_otel_env.py tests/cli
 SIMULATE = NSQCLIENT_SIMULATE=$(1) PYTHONPATH=tests/simulated $(PY) -m pytest -q -p no:cacheprovider
 
 # make test runs five passes side by side (the suite mostly waits on sockets, timers and JVMs:
@@ -84,7 +90,7 @@ test: $(STAMP)
 # own .venv-3.X with the same extras; the main venv's version is make test's and is skipped, and a
 # version not installed is skipped with a message.  One pass each, without the split-writes pass
 # (frame reassembly is not version-specific; SPLIT_WRITES=1 adds it).  Details: .ci/test-pythons.
-#   make test-pythons PYTHONS=3.13 PYTEST_ARGS="-x tests/test_conn.py"
+#   make test-pythons PYTHONS=3.13 PYTEST_ARGS="-x tests/conn/test_connection.py"
 test-pythons:
 	VENV='$(VENV)' PYTHON='$(PYTHON)' EXTRAS='$(EXTRAS)' PYTEST_ARGS='$(PYTEST_ARGS)' \
 		PYTHONS='$(PYTHONS)' SPLIT_WRITES='$(SPLIT_WRITES)' \

@@ -1,7 +1,7 @@
 """Running a program printed in the guides (``docs/*.rst``) against the test broker: its code
 block taken from the page, run on a thread of this process, its Consumer stopped at the end.
 
-Used by test_docs_examples.py and test_docs_pull.py.
+Used by docs/test_docs_examples.py and docs/test_docs_pull.py.
 """
 
 from __future__ import annotations

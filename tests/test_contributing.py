@@ -59,3 +59,15 @@ def test_the_map_names_no_module_that_is_gone():
 
 def test_contributing_points_to_the_map():
     assert "docs/contributing.rst" in (ROOT / "CONTRIBUTING.rst").read_text(encoding="utf-8")
+
+
+def test_tests_are_laid_out_like_the_package():
+    """tests/<package>/ for each package of nsqclient/ (the embedded NSQ's are in
+    tests/embedded/); no two test files share a name (pytest imports them by it)."""
+    tests = ROOT / "tests"
+    for package in (*LAYERS, "cli", "otel", "spark"):
+        assert list((tests / package).glob("test_*.py")), f"tests/{package}/ has no test"
+    assert list((tests / "embedded").glob("test_embedded_*.py"))
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) > 100 and len(names) == len(set(names))
+    assert named("tests/embedded/")

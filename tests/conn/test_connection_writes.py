@@ -25,7 +25,7 @@ from nsqclient.errors import ConnectionClosedError
 from nsqclient.testing.helpers import message_count, run_together
 from nsqclient.testing.waiting import wait_for
 
-CERTS = Path(__file__).parent / "certs"
+CERTS = Path(__file__).parent.parent / "certs"
 CERT = str(CERTS / "cert.pem")
 KEY = str(CERTS / "key.pem")
 

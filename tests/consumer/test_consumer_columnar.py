@@ -121,7 +121,8 @@ def test_a_split_batch_is_answered_by_its_parts_and_nothing_twice(nsqd, columnar
 
 
 def test_bodies_of_max_msg_size_and_of_one_byte(nsqd, columnar):
-    # nsqd refuses a 0-byte body (PUB and MPUB alike); tests/test_batch.py reads one from bytes
+    # nsqd refuses a 0-byte body (PUB and MPUB alike); tests/consumer/test_batch.py reads one
+    # from bytes
     node = nsqd.nsqd
     big = bytes(range(256)) * (1024 * 1024 // 256)  # nsqd's default --max-msg-size exactly
     sent = [big, b"x", big[:-1], b"y"]

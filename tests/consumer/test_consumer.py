@@ -712,7 +712,7 @@ def test_run_in_a_process_stops_cleanly_on_sigterm(nsqd, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(
         [sys.executable, str(script), "c_sigterm", "ch", node.tcp_address],

@@ -1,8 +1,8 @@
 """docs/producer.rst's ASGI app, as printed, served by uvicorn (a real ASGI server, in its own
 process) while concurrent clients post to it and its nsqd is stopped and started again.
 
-What must hold, as for a threaded WSGI server (test_producer_wsgi.py): every request answered
-200 was stored by nsqd; while nsqd is down each request fails fast with a 503 (not after
+What must hold, as for a threaded WSGI server (producer/test_producer_wsgi.py): every request
+answered 200 was stored by nsqd; while nsqd is down each request fails fast with a 503 (not after
 pub_timeout); and nsqclient never blocks the event loop: no thread is started on it but the
 Producer's backlog and deadline keeper (once each), and no ``pub_async()`` spends 5 ms of the
 loop's CPU.  The loop runs in asyncio's debug mode with ``slow_callback_duration`` at 5 ms; its
@@ -179,7 +179,7 @@ def asgi_server(nsq_cluster_factory: Any, tmp_path: Path) -> Iterator[tuple[Any,
     (tmp_path / "serve.py").write_text(
         SERVE.replace("{slow}", repr(SLOW_CALLBACK)), encoding="utf-8"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent.parent.parent
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
     )

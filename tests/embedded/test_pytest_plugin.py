@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = ROOT / "docs" / "testing.rst"
 PLUGIN = "nsqclient.testing.pytest_plugin"
 OUR_FIXTURES = ("nsqd", "nsq_cluster", "nsq_cluster_factory", "auth_server", "nsq_broker_kind")

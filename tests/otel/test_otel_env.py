@@ -20,7 +20,7 @@ pytest.importorskip("opentelemetry.instrumentation", reason="nsqclient[otel] is 
 from nsqclient.otel import NSQInstrumentor, configure_from_env  # noqa: E402
 from nsqclient.otel.env import exporter_names  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 #: a program publishing two messages after configure_from_env (argv: nsqd address, topic)
 PUBLISHER = textwrap.dedent(

@@ -14,7 +14,7 @@ import nsqclient
 
 django = pytest.importorskip("django", reason="Django is not installed (dev extra)")
 
-DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
+DOCS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "docs")
 
 
 def recipe_files() -> dict[str, str]:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "youzan_ordered.py"
+EXAMPLE = Path(__file__).parent.parent.parent / "examples" / "youzan_ordered.py"
 
 
 def test_the_youzan_example_keeps_every_key_in_order():

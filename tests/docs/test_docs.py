@@ -17,7 +17,7 @@ from nsqclient.config import OPTIONS
 
 pytest.importorskip("sphinx", reason="Sphinx is not installed (dev extra)")
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 DOCS = os.path.join(ROOT, "docs")
 sys.path.insert(0, os.path.join(DOCS, "_ext"))
 

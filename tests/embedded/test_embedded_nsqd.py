@@ -22,7 +22,7 @@ from nsqclient.testing import EmbeddedNSQ
 from nsqclient.testing.auth_server import AuthServer
 from nsqclient.testing.waiting import wait_for
 
-CERTS = Path(__file__).parent / "certs"
+CERTS = Path(__file__).parent.parent / "certs"
 TIMEOUT = 5.0
 
 

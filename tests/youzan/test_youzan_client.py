@@ -179,7 +179,7 @@ def test_the_topic_create_command_in_the_docs_makes_a_topic(cluster, producers):
 
     import requests
 
-    doc = (Path(__file__).parent.parent / "docs" / "youzan.rst").read_text()
+    doc = (Path(__file__).parent.parent.parent / "docs" / "youzan.rst").read_text()
     url = re.search(r"curl -X POST '(http://[^']+)'", doc).group(1)  # type: ignore[union-attr]
     url = url.replace("127.0.0.1:4161", cluster.lookupd.http_address).replace("orders", "yz_cli")
     requests.post(url, timeout=10).raise_for_status()

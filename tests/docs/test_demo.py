@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-DEMO = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "demo.py")
+DEMO = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples", "demo.py")
 
 
 def test_demo_publishes_restarts_an_nsqd_and_loses_nothing():

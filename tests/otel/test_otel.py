@@ -4,7 +4,7 @@ in-memory span exporter and metric reader; instrument() adding one observer of t
 (nsqclient.observe) and replacing nothing, uninstrument() removing it.
 
 Providers are always passed to instrument() explicitly: the global ones can be set only once
-per process (configure_from_env, which sets them, is tested in subprocesses: test_otel_env.py).
+per process (configure_from_env, which sets them, is tested in subprocesses: otel/test_otel_env.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from nsqclient.testing.waiting import wait_for
 
 pytest.importorskip("tornado", reason="tornado is not installed (bench extra)")
 
-ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)
 
 
 class Program:

@@ -33,7 +33,7 @@ from nsqclient import protocol
 from nsqclient.conn._transport import Transport, make_tls_context
 from nsqclient.errors import ProtocolError
 
-CERTS = Path(__file__).parent / "certs"
+CERTS = Path(__file__).parent.parent / "certs"
 CERT = str(CERTS / "cert.pem")
 KEY = str(CERTS / "key.pem")
 

@@ -40,7 +40,7 @@ from nsqclient.errors import (
 from nsqclient.testing.helpers import free_port, message_count, nsqd_stats
 from nsqclient.testing.waiting import wait_for
 
-CERTS = Path(__file__).parent / "certs"
+CERTS = Path(__file__).parent.parent / "certs"
 CERT = str(CERTS / "cert.pem")
 KEY = str(CERTS / "key.pem")
 

@@ -24,7 +24,9 @@ from nsqclient.producer._producer import Producer
 from nsqclient.testing import helpers
 from nsqclient.testing.waiting import wait_for
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "pynsq_reader.py")
+EXAMPLE = os.path.join(
+    os.path.dirname(__file__), os.pardir, os.pardir, "examples", "pynsq_reader.py"
+)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -71,7 +73,7 @@ class Runner:
         try:
             # Threads mode, explicitly: this process may have imported tornado (pynsq's own
             # modules are imported for byte comparisons), which would make run() choose the
-            # IOLoop.  The tornado mode is tested in test_pynsq_tornado.py, in subprocesses.
+            # IOLoop.  The tornado mode is tested in compat/test_pynsq_tornado.py, in subprocesses.
             compat.run(tornado=False)
         except BaseException as exc:  # reported by join()
             self.error = exc
