@@ -21,7 +21,7 @@ from ..errors import NSQError, ServerError
 from ..message import Message, claim_all
 from ..observe import ObserverSet, tell
 from ._batch import ANSWERED, HELD, MessageBatch
-from ._shared_state import Books
+from ._shared_state import SharedState
 
 __all__ = ["Responder"]
 
@@ -55,7 +55,7 @@ class Responder:
         consumer: Any,
         config: Config,
         ordered: bool,
-        books: Books,
+        books: SharedState,
         *,
         observers: ObserverSet,
         pull: bool,

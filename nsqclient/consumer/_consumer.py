@@ -50,7 +50,7 @@ from ._discovery import Discovery
 from ._discovery import split_key as split_key  # re-exported (subscription keys)
 from ._discovery import target_key as target_key
 from ._rdy_balancer import ConnectionCounts, ConnInfo, RdyBalancer, conn_views, connection_counts
-from ._shared_state import Books
+from ._shared_state import SharedState
 from ._work_queue import Intake
 
 __all__ = ["Consumer", "ConnectionCounts"]
@@ -250,7 +250,7 @@ class Consumer:
             "touch_failed": 0,
         }
         # What the connections received, until a worker or a taker has it.
-        books = Books(self._backoff, self._lock, self._conns, self._stats, self._rdy_wake)
+        books = SharedState(self._backoff, self._lock, self._conns, self._stats, self._rdy_wake)
         self._intake = Intake(books)
         self._observers = ObserverSet(self)
         self._responder = Responder(

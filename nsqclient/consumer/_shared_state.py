@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from ..backoff import BackoffState
 from ._rdy_balancer import ConnInfo
 
-__all__ = ["Books"]
+__all__ = ["SharedState"]
 
 
 @dataclass(frozen=True)
-class Books:
+class SharedState:
     """A Consumer's bookkeeping.
 
     Attributes:

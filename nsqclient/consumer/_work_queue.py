@@ -21,7 +21,7 @@ from ..conn._connection import Connection
 from ..rdy import needs_refill
 from ._batch import MessageBatch
 from ._rdy_balancer import send_rdy
-from ._shared_state import Books
+from ._shared_state import SharedState
 
 __all__ = ["Intake"]
 
@@ -36,7 +36,7 @@ class Intake:
             connection's first message wakes the RDY balancer).
     """
 
-    def __init__(self, books: Books):
+    def __init__(self, books: SharedState):
         self._lock, self._conns, self._stats = books.lock, books.conns, books.stats
         self._backoff, self._rdy_wake = books.backoff, books.rdy_wake
         #: the items, oldest first

@@ -21,8 +21,8 @@ waits on a timer.  Without lookupd (no router) the same path sends youzan's form
 partition, a trace id, ext headers) to the Producer's given addresses, once.
 
 :class:`LookupPublisher` is a collaborator the Producer owns, beside the pool of nsqd endpoints
-(:class:`~nsqclient.producer._nsqd_pool.Pool`) it writes through; what it asks of that pool is
-written down as the Protocol :class:`PublishingPool`.
+(:class:`~nsqclient.producer._nsqd_pool.NsqdPool`) it writes through; what it asks of that pool is
+written down as the Protocol :class:`NsqdWriter`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     #: Producer's given addresses)
     Target = tuple[int | None, list[Endpoint] | None]
 
-__all__ = ["LAST_ATTEMPT", "Attempts", "LookupPublisher", "PublishingPool", "refused_unstored"]
+__all__ = ["LAST_ATTEMPT", "Attempts", "LookupPublisher", "NsqdWriter", "refused_unstored"]
 
 logger = logging.getLogger("nsqclient.producer")
 
@@ -92,9 +92,9 @@ def refused_unstored(exc: BaseException) -> bool:
     return False
 
 
-class PublishingPool(Protocol):
+class NsqdWriter(Protocol):
     """What publishing by lookup asks of the pool of nsqd endpoints it writes through (the
-    Producer's :class:`~nsqclient.producer._nsqd_pool.Pool`)."""
+    Producer's :class:`~nsqclient.producer._nsqd_pool.NsqdPool`)."""
 
     @property
     def closed(self) -> bool:
@@ -232,7 +232,7 @@ class LookupPublisher:
     """Publishes of a Producer that follow lookup or take youzan's forms (see the module).
 
     Args:
-        pool: the nsqd endpoints it writes through (see :class:`PublishingPool`).
+        pool: the nsqd endpoints it writes through (see :class:`NsqdWriter`).
         router: the routes of its topics, by lookup; None without lookupd.
         config: its options (``pub_timeout``, ``leader_retries``).
         backlog: its backlog (a first attempt that could block runs there, in call order).
@@ -241,7 +241,7 @@ class LookupPublisher:
 
     def __init__(
         self,
-        pool: PublishingPool,
+        pool: NsqdWriter,
         router: Router | None,
         config: Config,
         backlog: Backlog,

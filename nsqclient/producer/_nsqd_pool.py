@@ -1,11 +1,11 @@
 """The nsqd endpoints of a Producer, and writing one command on them.
 
-A :class:`Pool` holds an :class:`~nsqclient.producer._endpoint.Endpoint` per address: the
+A :class:`NsqdPool` holds an :class:`~nsqclient.producer._endpoint.Endpoint` per address: the
 addresses the Producer was given, in order, and those lookup named.  It writes a command on
 the first endpoint that can take it (round robin over the given ones; healthy addresses
 before those waiting out a reconnect delay; a failed-over address is told of once per outage), sends
 again what nsqd provably did not take, and reads a blocking caller's answer.  It is what
-publishing by lookup writes through (:class:`~nsqclient.producer._by_lookup.PublishingPool`).
+publishing by lookup writes through (:class:`~nsqclient.producer._by_lookup.NsqdWriter`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from ..errors import ConnectionClosedError, NSQError, NSQTimeoutError
 from ..observe import PublishEvent
 from ._endpoint import CUMULATIVE, Endpoint
 
-__all__ = ["Pool"]
+__all__ = ["NsqdPool"]
 
 logger = logging.getLogger("nsqclient.producer")
 
 
-class Pool(Mapping[str, Endpoint]):
+class NsqdPool(Mapping[str, Endpoint]):
     """Every endpoint of a Producer, by address (a read-only mapping).
 
     Args:
@@ -143,7 +143,7 @@ class Pool(Mapping[str, Endpoint]):
 
     # ---------------------------------------------------------------- writing a command
     # closed, endpoint, publish_on, submit_now and submit_connecting are what publishing by
-    # lookup asks of the pool (nsqclient.producer._by_lookup.PublishingPool).
+    # lookup asks of the pool (nsqclient.producer._by_lookup.NsqdWriter).
 
     def publish_on(
         self,

@@ -18,7 +18,7 @@ Guarantees, stated plainly:
 
 :class:`Producer` is the public face of publishing (the calls, observers, flush, close, fork
 and exit); the work is done by collaborators it owns, each in its own module of this package:
-the ``Pool`` of nsqd endpoints it writes on (_nsqd_pool.py; an ``Endpoint`` per address, each
+the ``NsqdPool`` of nsqd endpoints it writes on (_nsqd_pool.py; an ``Endpoint`` per address, each
 with its own connect / down / up state: _endpoint.py), publishing by lookup
 (``LookupPublisher``, _by_lookup.py), the backlog (_backlog.py), the outer Futures
 (_outer_futures.py), the deadline keeper (_deadlines.py) and the ledger of what could not be
@@ -55,7 +55,7 @@ from ._backlog import Backlog
 from ._by_lookup import LookupPublisher
 from ._deadlines import DeadlineKeeper
 from ._limits import Limits, body_size
-from ._nsqd_pool import Pool
+from ._nsqd_pool import NsqdPool
 from ._outer_futures import OuterFuture, OuterFutures, ResendableFuture
 from ._publish_forms import (
     PublishResult,
@@ -166,7 +166,7 @@ class Producer:
         #: pub_async Futures that failed with nobody looking (flush() and close() report them)
         self._ledger = Ledger()
         #: every endpoint by address: the given ones and those lookup named
-        self._pool = Pool(
+        self._pool = NsqdPool(
             addresses,
             self.config,
             self._ledger.note,
@@ -709,7 +709,7 @@ class Producer:
         return outer
 
     def _resendable(self, command: bytes) -> Callable[[], ResendableFuture]:
-        """The Future maker of ``Pool.write`` (_nsqd_pool.py) for ``command``."""
+        """The Future maker of ``NsqdPool.write`` (_nsqd_pool.py) for ``command``."""
         return lambda: ResendableFuture(command, self._resend, self._ledger.note)
 
     def _send_outer(self, outer: OuterFuture, command: bytes, deadline: float) -> None:

@@ -11,7 +11,7 @@ import pytest
 from nsqclient.backoff import BackoffState
 from nsqclient.config import Config
 from nsqclient.consumer._answers import Responder
-from nsqclient.consumer._shared_state import Books
+from nsqclient.consumer._shared_state import SharedState
 from nsqclient.errors import ConnectionClosedError, ServerError
 from nsqclient.message import Message
 from nsqclient.observe import ObserverSet
@@ -54,7 +54,7 @@ def make(pull: bool = False, ordered: bool = False, **options: Any) -> Responder
         subject,
         Config(**options),
         ordered,
-        Books(BackoffState(1.0, 10.0), stats=stats),
+        SharedState(BackoffState(1.0, 10.0), stats=stats),
         observers=ObserverSet(subject),
         pull=pull,
         idle=threading.Event(),

@@ -1,6 +1,6 @@
 """Publishing by lookup (nsqclient/producer/_by_lookup.py) against a fake pool of nsqd endpoints:
 the
-collaborator asks the pool it writes through only what :class:`PublishingPool` says, and one
+collaborator asks the pool it writes through only what :class:`NsqdWriter` says, and one
 retry policy decides for the blocking and the asynchronous path alike (each case runs both
 ways)."""
 
@@ -31,8 +31,8 @@ from nsqclient.errors import (
 )
 from nsqclient.http import HTTPError
 from nsqclient.producer._backlog import Backlog
-from nsqclient.producer._by_lookup import LAST_ATTEMPT, LookupPublisher, PublishingPool
-from nsqclient.producer._nsqd_pool import Pool
+from nsqclient.producer._by_lookup import LAST_ATTEMPT, LookupPublisher, NsqdWriter
+from nsqclient.producer._nsqd_pool import NsqdPool
 from nsqclient.producer._outer_futures import OuterFutures
 from nsqclient.producer._producer import Producer
 from nsqclient.producer._publish_forms import PublishResult, mpub_builder, pub_builder
@@ -290,15 +290,15 @@ def test_the_producers_pool_is_what_it_writes_through_and_the_producer_inherits_
         producer.close()
     wanted = {
         name
-        for name, _ in inspect.getmembers(PublishingPool)
+        for name, _ in inspect.getmembers(NsqdWriter)
         if not name.startswith("_") or name == "closed"
     }
     assert wanted == {"closed", "endpoint", "publish_on", "submit_now", "submit_connecting"}
     for name in wanted:
-        assert hasattr(Pool, name) or name == "closed", name
+        assert hasattr(NsqdPool, name) or name == "closed", name
     for name in wanted - {"closed"}:
-        ours = inspect.signature(getattr(Pool, name)).parameters
-        theirs = inspect.signature(getattr(PublishingPool, name)).parameters
+        ours = inspect.signature(getattr(NsqdPool, name)).parameters
+        theirs = inspect.signature(getattr(NsqdWriter, name)).parameters
         assert list(ours)[: len(theirs)] == list(theirs), name
 
 

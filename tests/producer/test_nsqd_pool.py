@@ -15,7 +15,7 @@ from nsqclient import protocol
 from nsqclient.config import Config
 from nsqclient.conn._futures import RequestFuture
 from nsqclient.errors import ConnectionClosedError
-from nsqclient.producer._nsqd_pool import Pool
+from nsqclient.producer._nsqd_pool import NsqdPool
 from nsqclient.testing.helpers import free_port
 from nsqclient.testing.waiting import wait_for
 
@@ -24,10 +24,12 @@ TIMEOUT = 10.0
 
 @pytest.fixture
 def pools() -> Iterator:
-    made: list[Pool] = []
+    made: list[NsqdPool] = []
 
-    def make(*addresses: str) -> Pool:
-        pool = Pool(list(addresses), Config(reconnect_interval=5.0), lambda f: None, lambda: None)
+    def make(*addresses: str) -> NsqdPool:
+        pool = NsqdPool(
+            list(addresses), Config(reconnect_interval=5.0), lambda f: None, lambda: None
+        )
         made.append(pool)
         return pool
 
