@@ -391,3 +391,62 @@ def test_testing_never_imports_consumer_or_producer() -> None:
         if _in_testing(module):
             reached = _reachable(module) & forbidden
             assert not reached, f"{module} imports {sorted(reached)}"
+
+
+#: the one module that may rely on another library's private interface (concurrent.futures';
+#: tests/conn/test_future_internals.py checks that it still holds on this Python)
+GUARDED = f"{PACKAGE}.conn._future_internals"
+#: the private fields of a concurrent.futures.Future that GUARDED relies on
+FUTURE_PRIVATE = {"_state", "_condition", "_waiters", "_done_callbacks", "_invoke_callbacks"}
+
+
+def private_reliance(source: str) -> list[str]:
+    """What ``source`` takes from another library's private interface: imports of a private
+    module or name (``concurrent.futures._base``, ``from x import _y``), and reads or writes
+    of a Future's private fields (``future._state``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            dotted = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Attribute) and node.attr in FUTURE_PRIVATE:
+            found.append(f"line {node.lineno}: .{node.attr}")
+            continue
+        else:
+            continue
+        for name in dotted:
+            parts = name.split(".")
+            if parts[0] not in (PACKAGE, "__future__") and any(p.startswith("_") for p in parts):
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_private_reliance_is_found() -> None:
+    sample = (
+        "from concurrent.futures._base import FINISHED\n"
+        "from os import _exit\n"
+        "import ssl\n"
+        "from . import _pending\n"
+        "def f(future):\n"
+        "    return future._state\n"
+    )
+    assert private_reliance(sample) == [
+        "line 1: concurrent.futures._base",
+        "line 1: concurrent.futures._base.FINISHED",
+        "line 2: os._exit",
+        "line 6: ._state",
+    ]
+
+
+def test_only_the_guarded_module_relies_on_another_librarys_private_interface() -> None:
+    """docs/contributing.rst: no reliance on another library's internals but in one guarded
+    place (conn/_future_internals.py)."""
+    offenders = {
+        module: found
+        for module, path in MODULES.items()
+        if module != GUARDED and (found := private_reliance(path.read_text(encoding="utf-8")))
+    }
+    assert not offenders
+    assert private_reliance(MODULES[GUARDED].read_text(encoding="utf-8"))  # it is the one

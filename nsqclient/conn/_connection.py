@@ -31,9 +31,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import (
-    PENDING,
-)
 from typing import Any, Protocol, overload
 
 from .. import protocol
@@ -321,16 +318,30 @@ class Connection:
         it fails with the ServerError nsqd sent, or ConnectionClosedError when the connection
         closes first.  Never left waiting forever once the connection is gone.
         """
+        given = future
         if future is None:
             future = RequestFuture()
-        elif isinstance(future, Future) and future._state == PENDING:
-            future.set_running_or_notify_cancel()  # queued bytes cannot be taken back
+        elif not isinstance(future, RequestFuture | Waiter):
+            future = _forwarding_to(future)
+        if not self.offer(command, future, messages):
+            self._fail_request(
+                future,
+                ConnectionClosedError(
+                    f"connection to {self.address} is {self.state.value}", False, self.address
+                ),
+            )
+        return future if given is None or given is future else given
+
+    def offer(self, command: bytes, future: RequestFuture | Waiter, messages: int = 0) -> bool:
+        """:meth:`request` for a ``future`` that is already running: False, and ``future``
+        left as it is (it may go to another connection), when this connection does not take
+        requests any more (not connected, or after nsqd's fatal error)."""
         with self._lock:
-            closed = self.state is not ConnectionState.CONNECTED or self._fatal_error is not None
+            if self.state is not ConnectionState.CONNECTED or self._fatal_error is not None:
+                return False
             pending = self._pending
-            if not closed:
-                pending.items.append(future)
-                self.messages_sent += messages
+            pending.items.append(future)
+            self.messages_sent += messages
             # Every earlier request written and no one writing: write it here rather than wake
             # the writer, when the caller is about to block on the answer anyway (a Waiter) or
             # nothing else is in flight; a caller pipelining futures leaves the writing to the
@@ -338,41 +349,36 @@ class Connection:
             # keep the order of self._pending.  It may pass queued FIN/RDY/NOP, which get no
             # answer and need no order relative to it.
             direct = (
-                not closed
-                and not pending.unsent
+                not pending.unsent
                 and (type(future) is Waiter or len(pending.items) - pending.head == 1)
                 and self._send_lock.acquire(blocking=False)
             )
-            if not direct and not closed:
+            if not direct:
                 pending.unsent += 1
                 self._queue.put((command, future))
-        if closed:
-            self._fail_request(
-                future,
-                ConnectionClosedError(
-                    f"connection to {self.address} is {self.state.value}", False, self.address
-                ),
-            )
-            return future
         if direct:
-            if self._caller_reads and type(future) is Waiter:
-                # Its caller will wait for this answer: claim the reading before writing, so
-                # that the reader thread is not woken for it (see read_until).
-                future.reading = self._claim_reading()
-            try:
-                self._transport.sendall(command)  # type: ignore[union-attr]
-            except (OSError, NSQError, ValueError) as exc:
-                self._write_failed(exc)  # the reader then fails the pending request
-            finally:
-                self._send_lock.release()
-        return future
+            self._write_direct(command, future)
+        return True
+
+    def _write_direct(self, command: bytes, future: RequestFuture | Waiter) -> None:
+        """Write a request on the caller's thread; the send lock is held (and released here)."""
+        if self._caller_reads and type(future) is Waiter:
+            # Its caller will wait for this answer: claim the reading before writing, so
+            # that the reader thread is not woken for it (see read_until).
+            future.reading = self._claim_reading()
+        try:
+            self._transport.sendall(command)  # type: ignore[union-attr]
+        except (OSError, NSQError, ValueError) as exc:
+            self._write_failed(exc)  # the reader then fails the pending request
+        finally:
+            self._send_lock.release()
 
     def pending_count(self) -> int:
         """Requests sent and not answered yet."""
         with self._lock:
             return self._pending.count()
 
-    def pending_requests(self) -> list[Future | Waiter]:
+    def pending_requests(self) -> list[RequestFuture | Waiter]:
         """The futures of the requests sent and not answered yet, oldest first."""
         with self._lock:
             return self._pending.waiting()
@@ -384,13 +390,12 @@ class Connection:
             futures = self._pending.take(count)
         ok = protocol.OK
         for future in futures:
-            if not future.done():
-                future.set_result(ok)
+            future.deliver(ok)
         if len(futures) < count:
             extra = count - len(futures)
             logger.warning("unexpected response from %s: %r x %d", self.address, ok, extra)
 
-    def _pop_pending(self) -> Future | Waiter | None:
+    def _pop_pending(self) -> RequestFuture | Waiter | None:
         with self._lock:
             return self._pending.pop()
 
@@ -465,6 +470,8 @@ class Connection:
 
     def expire_request(self, future: Future | Waiter) -> bool:
         """:meth:`expire_before` for one request, now; False when it is not pending here."""
+        if not isinstance(future, RequestFuture | Waiter):
+            return False  # a plain Future given to request() is never pending itself
         with self._lock:
             written = self._pending.expire(future)
         if written is not None:
@@ -669,9 +676,9 @@ class Connection:
             future = self._pop_pending()
             if future is None:
                 logger.warning("unexpected response from %s: %r", self.address, data[:100])
-            elif not future.done():
+            else:
                 # one shared b"OK" rather than one per answer held by every finished future
-                future.set_result(protocol.OK if data == protocol.OK else data)
+                future.deliver(protocol.OK if data == protocol.OK else data)
             return
         error = error_from_frame(data)
         if error.code in _UNSOLICITED:
@@ -790,3 +797,23 @@ class Connection:
             "compression": t.compression if t else None,
             "max_rdy_count": self.max_rdy_count,
         }
+
+
+def _forwarding_to(future: Future) -> RequestFuture:
+    """A RequestFuture whose outcome goes to ``future``, a plain Future given to
+    :meth:`Connection.request` (made RUNNING now: queued bytes cannot be taken back)."""
+    if not future.running() and not future.done():
+        future.set_running_or_notify_cancel()
+    inner = RequestFuture()
+
+    def forward(done: Future) -> None:
+        if future.done():
+            return
+        error = inner.failure()
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(inner.answer())
+
+    inner.add_done_callback(forward)
+    return inner

@@ -14,13 +14,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from concurrent.futures._base import (
-    CANCELLED,
-    CANCELLED_AND_NOTIFIED,
-    FINISHED,
-    RUNNING,
-)
 from typing import Any, TypeVar
+
+from ._future_internals import LazyFuture
 
 __all__ = ["AnyFuture", "RequestFuture", "Waiter", "failure_of", "wait_answered"]
 
@@ -70,6 +66,9 @@ class Waiter:
         self._done = True
         self._lock.release()
 
+    #: nsqd's answer (ignored once done, as every set_* after the first)
+    deliver = set_result
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait up to ``timeout`` seconds; raise TimeoutError if still not done."""
         if not self._done:
@@ -87,25 +86,11 @@ class Waiter:
         return self._result
 
 
-_DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
-_condition_lock = threading.Lock()
-# Lent to every RequestFuture first asked for its Condition once finished: nobody ever waits
-# to be notified on a finished future, so they can share one (an RLock, as wait() holds all
-# the Conditions of its futures at once).
-_finished_condition = threading.Condition(threading.RLock())
-# Taken by RequestFuture.watch() and by a finishing future that was watched.
-_watch_lock = threading.Lock()
-
-
-class RequestFuture(Future):
+class RequestFuture(LazyFuture):
     """A :class:`concurrent.futures.Future` for a request already on its way (so it starts
-    RUNNING and cannot be cancelled), cheap to make and to complete: its Condition is made
+    RUNNING and cannot be cancelled), cheap to make and to complete: it makes its Condition
     only when some thread has to wait on it (``result()`` before the answer, ``wait()``,
-    ``as_completed()``, ``add_done_callback()``).  Everything a Future offers works.
-
-    Completing it never blocks on a lock nobody waits on: the state is written first, then
-    waiters, if any, are woken under the Condition; a waiter makes the Condition first and
-    reads the state under it, so one of the two always sees the other.
+    ``as_completed()``).  Everything a Future offers works (conn/_future_internals.py).
 
     Args:
         on_failure: called with the future when it fails while nobody has taken its outcome
@@ -118,62 +103,23 @@ class RequestFuture(Future):
     :meth:`failure`, :meth:`watch` and :func:`wait_answered`, which do not count.
     """
 
-    #: True once a caller asked for the outcome or added a done callback (see above)
-    observed = False
-    #: watch() was called (set before it looks at the state; _finish reads it after setting it)
-    _watching = False
-    _on_failure: Callable[[RequestFuture], None] | None = None
-
-    def __init__(
-        self, on_failure: Callable[[RequestFuture], None] | None = None
-    ) -> None:  # no super().__init__(): it would make the Condition now
-        self._cond: threading.Condition | None = None
-        self._state = RUNNING
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
-        if on_failure is not None:
-            self._on_failure = on_failure
-
-    @property
-    def _condition(self) -> threading.Condition:  # type: ignore[override]
-        cond = self._cond
-        if cond is None and self._state == FINISHED:
-            return _finished_condition
-        if cond is None:
-            with _condition_lock:
-                cond = self._cond
-                if cond is None:
-                    cond = self._cond = threading.Condition()
-        return cond
-
-    def done(self) -> bool:
-        return self._state in _DONE
-
-    def running(self) -> bool:
-        return self._state == RUNNING
-
-    def cancelled(self) -> bool:
-        return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED)
+    def __init__(self, on_failure: Callable[[RequestFuture], None] | None = None) -> None:
+        LazyFuture.__init__(self)
+        #: True once a caller asked for the outcome or added a done callback (see above)
+        self.observed = False
+        self._on_failure = on_failure
 
     def result(self, timeout: float | None = None) -> Any:
         self.observed = True
-        if self._state == FINISHED:
-            if self._exception is not None:
-                raise self._exception
-            return self._result
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self.observed = True
-        if self._state == FINISHED:
-            return self._exception
         return super().exception(timeout)
 
     def add_done_callback(self, fn: Callable[[Future], object]) -> None:
         self.observed = True
-        super().add_done_callback(fn)
+        self._when_done(fn)
 
     def failure(self) -> BaseException | None:
         """The exception it failed with, None while not done or when it succeeded; does not
@@ -187,51 +133,16 @@ class RequestFuture(Future):
 
     def watch(self, fn: Callable[[Future], object]) -> None:
         """``add_done_callback`` for the library's own bookkeeping: does not count as taking
-        the outcome (:attr:`observed` stays as it is), and makes no Condition (one module
-        lock, held for two operations, instead: see _finish)."""
-        self._watching = True
-        with _watch_lock:
-            if self._state != FINISHED:
-                self._done_callbacks.append(fn)
-                return
-        fn(self)
+        the outcome (:attr:`observed` stays as it is)."""
+        self._when_done(fn)
 
-    def set_result(self, result: Any) -> None:
-        self._finish(result, None)
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        self._finish(None, exception)
-
-    def _finish(self, result: Any, exception: BaseException | None) -> None:
-        if self._state in _DONE:
-            from concurrent.futures import InvalidStateError
-
-            raise InvalidStateError(f"{self._state}: {self!r}")
-        self._result = result
-        self._exception = exception
-        self._state = FINISHED
-        cond = self._cond
-        if cond is not None:
-            with cond:
-                for waiter in self._waiters:
-                    if exception is None:
-                        waiter.add_result(self)
-                    else:
-                        waiter.add_exception(self)
-                cond.notify_all()
-        if self._watching:
-            # A watch() that saw the state before it was FINISHED has appended its callback
-            # once this lock is free; one that comes later sees FINISHED and calls it itself.
-            with _watch_lock:
-                pass
-        if self._done_callbacks:
-            self._invoke_callbacks()  # type: ignore[attr-defined]  # not in typeshed
-        if exception is not None and not self.observed and self._on_failure is not None:
+    def _failed(self) -> None:
+        if not self.observed and self._on_failure is not None:
             self._on_failure(self)
 
 
 #: what a request's answer is delivered to: a Future, or a Waiter for a blocking caller
-AnyFuture = TypeVar("AnyFuture", Future, Waiter)
+AnyFuture = TypeVar("AnyFuture", "RequestFuture", Waiter)
 
 
 def failure_of(future: Future | Waiter) -> BaseException | None:

@@ -10,11 +10,10 @@ connection's lock guards every call.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from typing import Any
 
 from ..errors import NSQTimeoutError
-from ._futures import Waiter
+from ._futures import RequestFuture, Waiter
 
 __all__ = ["Pending", "expired_error"]
 
@@ -29,7 +28,7 @@ class Pending:
 
     def __init__(self) -> None:
         #: the futures, oldest first; those before ``head`` are answered
-        self.items: list[Future | Waiter] = []
+        self.items: list[RequestFuture | Waiter] = []
         self.head = 0
         #: of the newest, how many are still queued for the writer (their order is the queue's)
         self.unsent = 0
@@ -44,11 +43,11 @@ class Pending:
         """Requests not answered yet."""
         return len(self.items) - self.head
 
-    def waiting(self) -> list[Future | Waiter]:
+    def waiting(self) -> list[RequestFuture | Waiter]:
         """The futures not answered yet, oldest first."""
         return self.items[self.head :]
 
-    def take(self, count: int) -> list[Future | Waiter]:
+    def take(self, count: int) -> list[RequestFuture | Waiter]:
         """The oldest ``count`` (or fewer) futures, now answered."""
         head = self.head
         futures = self.items[head : head + count]
@@ -56,7 +55,7 @@ class Pending:
         self._cut()
         return futures
 
-    def pop(self) -> Future | Waiter | None:
+    def pop(self) -> RequestFuture | Waiter | None:
         """The oldest future, now answered (None when none waits)."""
         if self.head >= len(self.items):
             return None
@@ -65,7 +64,7 @@ class Pending:
         self._cut()
         return future
 
-    def clear(self) -> list[Future | Waiter]:
+    def clear(self) -> list[RequestFuture | Waiter]:
         """Every future not answered yet; the FIFO is empty afterwards."""
         waiting = self.items[self.head :]
         self.base += len(self.items)
@@ -109,7 +108,7 @@ class Pending:
             self.dropped |= unsent
         return expired
 
-    def expire(self, future: Future | Waiter) -> bool | None:
+    def expire(self, future: RequestFuture | Waiter) -> bool | None:
         """Take ``future`` out as :meth:`expire_before` would: None when it is answered or not
         here, else whether it was written."""
         items = self.items

@@ -141,3 +141,45 @@ def test_watch_calls_back_exactly_once_whichever_thread_wins_the_race():
     assert sorted(set(calls.values())) == [1]
     assert len(calls) == len(futures)
     assert not any(f.observed for f in futures)
+
+
+def test_wait_never_misses_an_answer_racing_with_it():
+    # The answer writes the state under the lock wait() holds while it reads the states and
+    # adds its waiter: wait() sees each future either done or with its waiter in place.
+    rounds = 300
+    batches = [[RequestFuture() for _ in range(20)] for _ in range(rounds)]
+    start = threading.Barrier(2, timeout=TIMEOUT)
+
+    def answer() -> None:
+        for batch in batches:
+            start.wait()
+            for future in batch:
+                future.set_result(b"OK")
+
+    answering = threading.Thread(target=answer)
+    answering.start()
+    for batch in batches:
+        start.wait()
+        done, not_done = wait(batch, timeout=TIMEOUT)
+        assert not not_done and len(done) == len(batch)
+    answering.join(TIMEOUT)
+
+
+def test_a_plain_future_given_to_request_follows_the_answer():
+    from nsqclient.conn._connection import _forwarding_to
+
+    given: Future = Future()
+    inner = _forwarding_to(given)
+    assert given.running()
+    inner.deliver(b"OK")
+    assert given.result(0) == b"OK"
+    failing: Future = Future()
+    _forwarding_to(failing).set_exception(ValueError("refused"))
+    assert isinstance(failing.exception(0), ValueError)
+
+
+def test_deliver_ignores_a_future_already_done():
+    future = RequestFuture()
+    future.set_exception(ValueError("expired"))
+    future.deliver(b"OK")  # nsqd's late answer
+    assert isinstance(future.failure(), ValueError) and future.answer() is None
