@@ -164,7 +164,7 @@ class NsqdPool(Mapping[str, Endpoint]):
         retries_left = self.config.pub_retries
         while True:
             try:
-                future = self._submit(command, deadline, Waiter, endpoints)
+                future = self.write_connecting(command, deadline, Waiter, endpoints)
             except ConnectionClosedError as exc:
                 if time.monotonic() >= deadline:
                     raise NSQTimeoutError(
@@ -194,102 +194,112 @@ class NsqdPool(Mapping[str, Endpoint]):
                     retries_left -= 1
                 logger.info("publish failed (%s); sending it again", exc)
 
-    def _submit(
+    def submit_now(self, command: bytes, endpoints: list[Endpoint] | None = None) -> Future | None:
+        """``command`` written on a connection already made, never blocking: its Future, or
+        None when none is ready (see :meth:`write_ready`)."""
+        future = RequestFuture()
+        return future if self.write_ready(command, future, endpoints) else None
+
+    def write_ready(
+        self,
+        command: bytes,
+        future: RequestFuture,
+        endpoints: list[Endpoint] | None = None,
+        count: int | None = None,
+    ) -> bool:
+        """Hand ``command``, whose answer goes to ``future``, to the first of ``endpoints``
+        (default: the given addresses, round robin) with a connection already made, never
+        blocking; the addresses passed over are then connected in the background.  False, and
+        ``future`` left as it is, when none is ready.  ``count``: the messages it publishes
+        (default: read from the command)."""
+        if self.closed:
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
+        if count is None:
+            count = protocol.published_count(command)
+        order = self.given if endpoints is None else endpoints
+        if len(order) > 1:
+            order = self._rotation(order)
+        #: addresses passed over, not connected yet (made only when there is one)
+        passed: list[Endpoint] | None = None
+        for endpoint in order:
+            conn = endpoint.conn  # a connection that takes no request refuses the offer
+            if conn is not None and conn.offer(command, future, count):
+                future.nsqd_address = endpoint.address  # type: ignore[attr-defined]
+                for other in passed or ():
+                    other.warm()
+                return True
+            passed = _passing(passed, endpoint)
+        return False
+
+    def write_connecting(
         self,
         command: bytes,
         deadline: float | None,
         make_future: Callable[[], AnyFuture],
         endpoints: list[Endpoint] | None = None,
     ) -> AnyFuture:
-        """Write ``command`` on a connection of ``endpoints`` (default: the given addresses, round
-        robin), connecting (until ``deadline``) where needed; ConnectionClosedError when no
-        nsqd could be reached."""
-        future = self.write(command, deadline, make_future, endpoints, True)
-        assert future is not None  # with connect=True it returns a future or raises
-        return future
+        """Write ``command`` on the first of ``endpoints`` (default: the given addresses,
+        round robin) that takes it, connecting where needed (until ``deadline``); return its
+        ``make_future()``, which tells nsqd's answer.  ConnectionClosedError (nothing was
+        sent) when no nsqd could be reached."""
+        if self.closed:
+            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
+        count = protocol.published_count(command)
+        errors: list[tuple[str, BaseException | None, str | None]] = []
+        passed: list[Endpoint] | None = None
+        for endpoint in self._rotation(self.given if endpoints is None else endpoints):
+            future = self._write_on(endpoint, command, deadline, make_future, count)
+            if type(future) is _Refused:
+                endpoint.skip()
+                errors.append((endpoint.address, future.error, None))
+                passed = _passing(passed, endpoint)
+                continue
+            for other in passed or ():
+                other.tell_failover(endpoint.address)
+            return future  # type: ignore[return-value]
+        raise _unreachable(errors)
 
-    def submit_now(self, command: bytes, endpoints: list[Endpoint] | None = None) -> Future | None:
-        """:meth:`_submit` on connections already made, never blocking: None when none is
-        ready.  When one is, the addresses not connected are connected in the background."""
-        return self.write(command, None, RequestFuture, endpoints, False)
-
-    def write(
+    def _write_on(
         self,
+        endpoint: Endpoint,
         command: bytes,
         deadline: float | None,
         make_future: Callable[[], AnyFuture],
-        endpoints: list[Endpoint] | None,
-        connect: bool,
-    ) -> AnyFuture | None:
-        """Write ``command`` on the first of ``endpoints`` (default: the given addresses,
-        round robin) that takes it; return its ``make_future()``, which tells nsqd's answer.
-        ``connect``: connect where needed, until ``deadline``, and raise ConnectionClosedError
-        when no nsqd could be reached; otherwise only on connections already made, never
-        blocking: None when none is ready (the others are then connected in the
-        background).  A command refused by a connection that closed just now, before nsqd
-        took it, goes once more on a fresh connection to the same nsqd, then to the next."""
-        if self.closed:
-            raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
-        errors: list[tuple[str, BaseException | None, str | None]] = []
-        #: addresses passed over: not connected yet (connect=False), or unreachable (made only
-        #: when there is one: this is every publish's path)
-        passed: list[Endpoint] | None = None
-        count = protocol.published_count(command)
-        if endpoints is None:
-            endpoints = self.given
-        n = len(endpoints)
-        if n > 1:
-            start = next(self._rr) % n
-            endpoints = endpoints[start:] + endpoints[:start]
-            now = time.monotonic()
-            if any(s.waiting(now) for s in endpoints):
-                # Healthy addresses first, then those waiting out a reconnect delay.
-                endpoints.sort(key=lambda s: s.waiting(now))
-        for endpoint in endpoints:
-            if not connect:
-                conn = endpoint.live()
-                if conn is None:
-                    passed = _passing(passed, endpoint)
-                    continue
-            else:
-                conn = endpoint.connection(deadline)
+        count: int,
+    ) -> AnyFuture | _Refused:
+        """``command`` written on ``endpoint``'s connection, made now if need be (until
+        ``deadline``): its future.  A connection that closed just now, before nsqd took the
+        command (nothing was stored), is replaced once by a fresh one to the same nsqd."""
+        error: BaseException | None = None
+        for _ in range(2):
+            conn = endpoint.connection(deadline)
             if conn is None:
-                endpoint.skip()
-                errors.append((endpoint.address, endpoint.last_error, None))
-                passed = _passing(passed, endpoint)
-                continue
-            future = conn.request(command, make_future(), count)
-            if _not_processed(future) and not connect:
-                _discard(future)
-                continue  # closed just now: the caller goes the blocking way
-            if _not_processed(future):
-                _discard(future)
-                # It closed just now, before nsqd took the command: nothing was stored.
-                # One fresh connection to the same nsqd, then the next address.
+                break
+            future = make_future()
+            if conn.offer(command, future, count) and not _not_processed(future):
                 if isinstance(future, Waiter):
-                    conn.read_until(future, 0.0)  # gives back a reading it claimed
-                conn = endpoint.connection(deadline)
-                if conn is not None:
-                    future = conn.request(command, make_future(), count)
-                if conn is None or _not_processed(future):
-                    _discard(future)
-                    errors.append(
-                        (endpoint.address, endpoint.last_error or failure_of(future), None)
-                    )
-                    continue
-            if isinstance(future, Future):
-                future.nsqd_address = endpoint.address  # type: ignore[attr-defined]
-            else:
-                future.conn = conn
-            for other in passed or ():
-                if connect:
-                    other.tell_failover(endpoint.address)
+                    future.conn = conn
                 else:
-                    other.warm()
-            return future
-        if not connect:
-            return None
-        raise _unreachable(errors)
+                    future.nsqd_address = endpoint.address  # type: ignore[attr-defined]
+                return future
+            _discard(future)
+            error = failure_of(future) or error
+            if isinstance(future, Waiter):
+                conn.read_until(future, 0.0)  # gives back a reading it claimed
+        return _Refused(endpoint.last_error or error)
+
+    def _rotation(self, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """The order to try ``endpoints`` in: round robin, the healthy addresses before those
+        waiting out a reconnect delay."""
+        n = len(endpoints)
+        if n < 2:
+            return endpoints
+        start = next(self._rr) % n
+        order = endpoints[start:] + endpoints[:start]
+        now = time.monotonic()
+        if any(e.waiting(now) for e in order):
+            order.sort(key=lambda e: e.waiting(now))
+        return order
 
     def submit_connecting(
         self,
@@ -298,12 +308,12 @@ class NsqdPool(Mapping[str, Endpoint]):
         deadline: float,
         first: bool = True,
     ) -> Future:
-        """:meth:`_submit` connecting until ``deadline`` (a ``time.monotonic()``).  ``first``
+        """:meth:`write_connecting` until ``deadline`` (a ``time.monotonic()``).  ``first``
         (a publish from the backlog, not a retry): when every address is waiting out its
         reconnect delay after a failure, fail at once with that failure rather than try again
         for every publish queued behind the one that found it down."""
         if not first:
-            future = self._submit(command, deadline, RequestFuture, endpoints)
+            future = self.write_connecting(command, deadline, RequestFuture, endpoints)
             self._sent()
             return future
         candidates = self.given if endpoints is None else endpoints
@@ -328,6 +338,16 @@ class NsqdPool(Mapping[str, Endpoint]):
                 f" was sent): {exc}",
                 maybe_processed=False,
             ) from exc
+
+
+class _Refused:
+    """What :meth:`NsqdPool._write_on` returns when ``endpoint`` did not take the command:
+    the error why (None: unknown)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None):
+        self.error = error
 
 
 def _unreachable(

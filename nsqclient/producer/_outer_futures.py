@@ -41,6 +41,7 @@ class OuterFuture(RequestFuture):
         partition: youzan: the partition the (last attempt of the) publish went to.
     """
 
+    deadline = 0.0
     sent = False
     inner: Future | None = None
     nsqd_address: str | None = None
@@ -64,6 +65,9 @@ class ResendableFuture(OuterFuture):
             (the Future stays running and follows that attempt), False to let it fail.
         on_failure: as :class:`~nsqclient.conn.RequestFuture`'s.
         deadline: ``time.monotonic()`` by which it ends, once known (0: from its first resend).
+
+    Made once per ``pub_async()``: the callables are the Producer's, made once; every field it
+    is sure to get is set here, in one order (see :class:`~nsqclient.conn.RequestFuture`).
     """
 
     def __init__(
@@ -73,12 +77,21 @@ class ResendableFuture(OuterFuture):
         on_failure: Callable[[RequestFuture], None],
         deadline: float = 0.0,
     ):
-        RequestFuture.__init__(self, on_failure)  # OuterFuture's, without a call more
-        self.deadline = deadline
+        RequestFuture.__init__(self, on_failure)
         self.command: bytes | None = command
         self._resend = resend
+        self.nsqd_address = None
+        self.deadline = deadline
 
-    def _finish(self, result: Any, exception: BaseException | None) -> None:
+    def set_result(self, result: Any) -> None:
+        self.command = None
+        self._finish(result, None)
+
+    def deliver(self, result: Any) -> None:
+        self.command = None
+        RequestFuture.deliver(self, result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
         if (
             exception is not None
             and type(exception) is ConnectionClosedError
@@ -89,7 +102,7 @@ class ResendableFuture(OuterFuture):
         ):
             return  # sent again: this Future follows the new attempt
         self.command = None
-        super()._finish(result, exception)
+        self._finish(None, exception)
 
 
 class OuterFutures:

@@ -154,6 +154,8 @@ class Producer:
             pool = LookupdPool(lookupds, self.config.lookupd_request_timeout)
             self._router = Router(pool, self.config.lookupd_poll_interval)
         self._tracing = self.config.trace
+        #: neither lookup nor tracing: a publish with no youzan argument takes the fast path
+        self._plain = self._router is None and not self._tracing
         #: topic -> b"PUB <topic>\n", for topics already checked (bounded, see _pub_command)
         self._pub_lines: dict[str, bytes] = {}
         self._start(addresses, addresses[0] if addresses else "lookup", False)
@@ -165,6 +167,9 @@ class Producer:
         self._pid = os.getpid()
         #: pub_async Futures that failed with nobody looking (flush() and close() report them)
         self._ledger = Ledger()
+        #: what every ResendableFuture is given (made once, not per publish)
+        self._note_failure = self._ledger.note
+        self._resend_future = self._resend
         #: every endpoint by address: the given ones and those lookup named
         self._pool = NsqdPool(
             addresses,
@@ -360,8 +365,8 @@ class Producer:
         if observers:
             return self._observed(observers, "PUB", True, topic, body, None, None, partition,
                                   key, trace_id, ext)  # fmt: skip
-        if self._classic(partition, key, trace_id, ext):
-            return self._submit_async(self._pub_command(topic, body))
+        if partition is None and key is None and trace_id is None and ext is None and self._plain:
+            return self._submit_async(self._pub_command(topic, body), 1)
         self._limits.check_body(body)
         build, traced = pub_builder(
             self._router, self._tracing, topic, body, partition, trace_id, ext
@@ -393,7 +398,7 @@ class Producer:
             return self._observed(observers, "MPUB", True, topic, bodies, None, None,
                                   partition, key, trace_id, ext)  # fmt: skip
         if self._classic(partition, key, trace_id, ext):
-            return self._submit_async(self._mpub_command(topic, bodies))
+            return self._submit_async(self._mpub_command(topic, bodies), len(bodies))
         self._limits.check_bodies(bodies)
         build, traced = mpub_builder(
             self._router, self._tracing, topic, bodies, partition, trace_id, ext
@@ -409,7 +414,7 @@ class Producer:
                                   None, None, None)  # fmt: skip
         command = self._dpub_command(topic, delay, body)
         if self._router is None:
-            return self._submit_async(command)
+            return self._submit_async(command, 1)
         return self._by_lookup.submit(
             topic, dpub_builder(self._router, topic, command), False, None, None
         )
@@ -483,7 +488,8 @@ class Producer:
         try:
             if asynchronous:
                 if build is None:
-                    future: RequestFuture = self._submit_async(wire)  # type: ignore[assignment]
+                    count = len(payload) if batch else 1
+                    future: RequestFuture = self._submit_async(wire, count)  # type: ignore[assignment]
                 else:
                     future = self._by_lookup.submit(topic, build, traced, partition, key)  # type: ignore[assignment]
                 future.watch(lambda f: _async_ended(observers, event, f))
@@ -526,12 +532,7 @@ class Producer:
     def _classic(self, partition: object, key: object, trace_id: object, ext: object) -> bool:
         """True for a publish with nothing of youzan's and no lookup: the fast path."""
         return (
-            self._router is None
-            and partition is None
-            and key is None
-            and trace_id is None
-            and ext is None
-            and not self._tracing
+            partition is None and key is None and trace_id is None and ext is None and self._plain
         )
 
     @property
@@ -546,6 +547,7 @@ class Producer:
         partition, nsqd, message id, trace id, disk queue offset, raw size and elapsed
         milliseconds.  Classic nsqd does not know PUB_TRACE: trace only youzan topics."""
         self._tracing = bool(enabled)
+        self._plain = self._router is None and not self._tracing
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish accepted so far (``pub_async`` ones included) has nsqd's
@@ -689,28 +691,23 @@ class Producer:
         self._limits.check_message(len(command) - command.index(b"\n") - 5, "DPUB")
         return command
 
-    def _submit_async(self, command: bytes) -> Future:
+    def _submit_async(self, command: bytes, count: int) -> Future:
         """A classic asynchronous publish: written at once on a ready connection, or handed
         to the backlog (connecting there, within ``pub_timeout``) when none is ready or
         earlier publishes wait there, so that one caller's publishes keep their order.  Its
         Future is a :class:`~nsqclient.producer._outer_futures.ResendableFuture` (see
-        :meth:`_resend`)."""
-        if not self._backlog.jobs:
-            future = self._pool.write(command, None, self._resendable(command), None, False)
-            if future is not None:
-                if not self._deadlines.running:
-                    self._deadlines.ensure()
-                return future
-        elif self._pool.closed:
+        :meth:`_resend`).  ``count``: the messages it publishes."""
+        future = ResendableFuture(command, self._resend_future, self._note_failure)
+        if not self._backlog.jobs and self._pool.write_ready(command, future, None, count):
+            if not self._deadlines.running:
+                self._deadlines.ensure()
+            return future
+        if self._pool.closed:
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         deadline = time.monotonic() + self._pub_timeout
-        outer = self._outers.track(deadline, command, self._resend)
-        self._backlog.submit(lambda: self._send_outer(outer, command, deadline))
-        return outer
-
-    def _resendable(self, command: bytes) -> Callable[[], ResendableFuture]:
-        """The Future maker of ``NsqdPool.write`` (_nsqd_pool.py) for ``command``."""
-        return lambda: ResendableFuture(command, self._resend, self._ledger.note)
+        self._outers.adopt(future, deadline)
+        self._backlog.submit(lambda: self._send_outer(future, command, deadline))
+        return future
 
     def _send_outer(self, outer: OuterFuture, command: bytes, deadline: float) -> None:
         """A backlog job: write ``command`` for ``outer`` (connecting until ``deadline``)."""

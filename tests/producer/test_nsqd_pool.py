@@ -84,3 +84,49 @@ def test_a_closed_pool_writes_nothing(nsqd, pools):
         pool.submit_now(protocol.pub("pool_t", b"x"))
     assert pool.endpoint("127.0.0.1:1") is pool.endpoint("127.0.0.1:1")  # made once
     assert "127.0.0.1:1" in pool and pool.given == [pool[nsqd.nsqd.tcp_address]]
+
+
+def test_write_ready_leaves_the_future_alone_when_no_connection_takes_it(nsqd, pools):
+    pool = pools(nsqd.nsqd.tcp_address)
+    future = RequestFuture()
+    assert pool.write_ready(protocol.pub("pool_t", b"x"), future) is False
+    assert future.running()  # not failed: the caller sends it another way
+    pool.publish_on(protocol.pub("pool_t", b"connect"))
+    conn = pool.given[0].conn
+    assert conn is not None
+    conn.close(1.0)  # the connection closed since: offered, refused, left alone again
+    assert pool.write_ready(protocol.pub("pool_t", b"x"), future) is False
+    assert future.running()
+
+
+def test_write_ready_warms_the_addresses_it_passed_over(nsqd, pools):
+    down = f"127.0.0.1:{free_port()}"
+    pool = pools(down, nsqd.nsqd.tcp_address)
+    pool.publish_on(protocol.pub("pool_t", b"connect"), [pool[nsqd.nsqd.tcp_address]])
+    taken = []
+    for _ in range(2):  # round robin: one of the two starts at the address not connected
+        future = RequestFuture()
+        assert pool.write_ready(protocol.pub("pool_t", b"x"), future)
+        taken.append(future)
+    assert all(f.result(TIMEOUT) == protocol.OK for f in taken)
+    wait_for(lambda: pool[down].failures >= 1, TIMEOUT)  # warmed: tried in the background
+
+
+def test_write_connecting_replaces_a_connection_that_closed_before_it_took_the_command(
+    nsqd, pools
+):
+    pool = pools(nsqd.nsqd.tcp_address)
+    pool.publish_on(protocol.pub("pool_t", b"connect"))
+    endpoint = pool.given[0]
+    first = endpoint.conn
+    assert first is not None
+    first.close(1.0)
+    made: list[RequestFuture] = []
+
+    def make() -> RequestFuture:
+        made.append(RequestFuture())
+        return made[-1]
+
+    future = pool.write_connecting(protocol.pub("pool_t", b"y"), time.monotonic() + TIMEOUT, make)
+    assert future.result(TIMEOUT) == protocol.OK
+    assert endpoint.conn is not first and made == [future]  # one future: offered once more

@@ -359,16 +359,16 @@ def test_connection_closing_just_before_the_send_is_replaced(nsqd, producers, mo
     node = nsqd.nsqd
     p = producers(node.tcp_address)
     p.pub("p_race", b"first")
-    original = Connection.request
+    original = Connection.offer
     closed: list[Connection] = []
 
-    def request(self: Connection, command: bytes, future=None, messages: int = 0) -> Future:
+    def offer(self: Connection, command: bytes, future, messages: int = 0) -> bool:
         if not closed:
             closed.append(self)
             self.close(timeout=1.0)  # the race, made deterministic
         return original(self, command, future, messages)
 
-    monkeypatch.setattr(Connection, "request", request)
+    monkeypatch.setattr(Connection, "offer", offer)
     p.pub("p_race", b"second")
     assert closed and closed[0].is_closed
     assert message_count(node, "p_race") == 2
@@ -378,26 +378,26 @@ def test_a_fatal_answer_before_request_returns_is_not_resent(
     nsq_cluster_factory, producers, monkeypatch
 ):
     # A publish on an idle connection is written by the caller, so nsqd may refuse it (and
-    # close the connection) before request() has returned.  That refusal is the publish's
+    # close the connection) before offer() has returned.  That refusal is the publish's
     # answer; it must not be mistaken for "closed before sending" and sent again.
     cluster = nsq_cluster_factory(lookupd=False, max_msg_size=1024)
     node = cluster.nsqd
     p = producers(node.tcp_address)
     p.pub("p_fast_refusal", b"warm up")
-    original = Connection.request
+    original = Connection.offer
     sent: list[bytes] = []
 
-    def request(self: Connection, command: bytes, future=None, messages: int = 0) -> Future:
+    def offer(self: Connection, command: bytes, future, messages: int = 0) -> bool:
         sent.append(command)
-        future = original(self, command, future, messages)
+        taken = original(self, command, future, messages)
         # The reader was quicker than this thread.  (A blocking pub() that took the reading
-        # before writing reads the refusal itself, after request() returns: nothing to race.)
-        if not getattr(future, "reading", False):
+        # before writing reads the refusal itself, after offer() returns: nothing to race.)
+        if taken and not getattr(future, "reading", False):
             future.exception(TIMEOUT)
             wait_for(lambda: not self.is_connected, TIMEOUT)
-        return future
+        return taken
 
-    monkeypatch.setattr(Connection, "request", request)
+    monkeypatch.setattr(Connection, "offer", offer)
     future = p.pub_async("p_fast_refusal", b"z" * 5000)
     assert isinstance(future.exception(0), BadMessageError)
     with pytest.raises(BadMessageError):
