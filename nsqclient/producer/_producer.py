@@ -32,7 +32,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Unpack, overload
 
@@ -40,7 +40,7 @@ from .. import protocol
 from ..addresses import lookupd_addresses, nsqd_addresses
 from ..checks import check_float
 from ..config import Config, ProducerOptions, add_options_help, check_owner
-from ..conn._connection import RequestFuture, Waiter
+from ..conn._connection import Waiter
 from ..conn._futures import failure_of, wait_answered
 from ..errors import (
     ConnectionClosedError,
@@ -58,6 +58,8 @@ from ._limits import Limits, body_size
 from ._nsqd_pool import NsqdPool
 from ._outer_futures import OuterFuture, OuterFutures, ResendableFuture
 from ._publish_forms import (
+    Build,
+    Plan,
     PublishResult,
     check_not_partitioned,
     dpub_builder,
@@ -267,18 +269,12 @@ class Producer:
                 within it (``maybe_processed`` False: nothing was stored; it names the last
                 failure).
         """
-        observers = self._observers.active
-        if observers:
-            return self._observed(observers, "PUB", False, topic, body, timeout, None, partition,
-                                  key, trace_id, ext)  # fmt: skip
-        if self._classic(partition, key, trace_id, ext):
-            self._pool.publish_on(self._pub_command(topic, body), None, timeout)
-            return None
-        self._limits.check_body(body)
-        build, traced = pub_builder(
-            self._router, self._tracing, topic, body, partition, trace_id, ext
-        )
-        return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
+        if self._observers.active or not self._classic(partition, key, trace_id, ext):
+            return self._publish(
+                self._pub_plan(topic, body, partition, key, trace_id, ext), timeout
+            )
+        self._pool.publish_on(self._pub_command(topic, body), None, timeout)
+        return None
 
     @overload
     def mpub(self, topic: str, bodies: Sequence[Body], timeout: float | None = None, *,
@@ -302,33 +298,19 @@ class Producer:
     ) -> PublishResult | None:
         """Publish several messages atomically (one MPUB); see :meth:`pub`.  ``trace_id`` may
         be one id for every message or one per message; ``ext`` goes with every message."""
-        observers = self._observers.active
-        if observers:
-            return self._observed(observers, "MPUB", False, topic, bodies, timeout, None,
-                                  partition, key, trace_id, ext)  # fmt: skip
-        if self._classic(partition, key, trace_id, ext):
-            self._pool.publish_on(self._mpub_command(topic, bodies), None, timeout)
-            return None
-        self._limits.check_bodies(bodies)
-        build, traced = mpub_builder(
-            self._router, self._tracing, topic, bodies, partition, trace_id, ext
-        )
-        return self._by_lookup.publish(topic, build, traced, timeout, partition, key)
+        if self._observers.active or not self._classic(partition, key, trace_id, ext):
+            plan = self._mpub_plan(topic, bodies, partition, key, trace_id, ext)
+            return self._publish(plan, timeout)
+        self._pool.publish_on(self._mpub_command(topic, bodies), None, timeout)
+        return None
 
     def dpub(self, topic: str, body: Body, delay: float, timeout: float | None = None) -> None:
         """Publish one message that nsqd delivers after ``delay`` seconds; see :meth:`pub`.
         Classic NSQ only: youzan's nsqd has no DPUB (ValueError for a partitioned topic)."""
-        observers = self._observers.active
-        if observers:
-            self._observed(observers, "DPUB", False, topic, body, timeout, delay, None, None,
-                           None, None)  # fmt: skip
+        if self._observers.active or self._router is not None:
+            self._publish(self._dpub_plan(topic, body, delay, False), timeout)
             return
-        command = self._dpub_command(topic, delay, body)
-        if self._router is None:
-            self._pool.publish_on(command, None, timeout)
-            return
-        check_not_partitioned(self._router, topic)
-        self._by_lookup.publish(topic, lambda p: command, False, timeout, None, None)
+        self._pool.publish_on(self._dpub_command(topic, delay, body), None, timeout)
 
     @overload
     def pub_async(self, topic: str, body: Body, *, partition: int | None = None,
@@ -361,17 +343,11 @@ class Producer:
         here, at once.  When no connection is ready (the first publish, an nsqd down) or a
         topic's route must be looked up first, that work runs on the Producer's backlog
         thread, in the order of the calls."""
-        observers = self._observers.active
-        if observers:
-            return self._observed(observers, "PUB", True, topic, body, None, None, partition,
-                                  key, trace_id, ext)  # fmt: skip
-        if partition is None and key is None and trace_id is None and ext is None and self._plain:
-            return self._submit_async(self._pub_command(topic, body), 1)
-        self._limits.check_body(body)
-        build, traced = pub_builder(
-            self._router, self._tracing, topic, body, partition, trace_id, ext
-        )
-        return self._by_lookup.submit(topic, build, traced, partition, key)
+        if self._observers.active or not (
+            partition is None and key is None and trace_id is None and ext is None and self._plain
+        ):
+            return self._publish_async(self._pub_plan(topic, body, partition, key, trace_id, ext))
+        return self._submit_async(self._pub_command(topic, body), 1)
 
     @overload
     def mpub_async(self, topic: str, bodies: Sequence[Body], *, partition: int | None = None,
@@ -393,31 +369,18 @@ class Producer:
         ext: dict[str, Any] | None = None,
     ) -> Future[Any]:  # the overloads above say what it resolves to
         """:meth:`mpub` without waiting; see :meth:`pub_async`."""
-        observers = self._observers.active
-        if observers:
-            return self._observed(observers, "MPUB", True, topic, bodies, None, None,
-                                  partition, key, trace_id, ext)  # fmt: skip
-        if self._classic(partition, key, trace_id, ext):
-            return self._submit_async(self._mpub_command(topic, bodies), len(bodies))
-        self._limits.check_bodies(bodies)
-        build, traced = mpub_builder(
-            self._router, self._tracing, topic, bodies, partition, trace_id, ext
-        )
-        return self._by_lookup.submit(topic, build, traced, partition, key)
+        if self._observers.active or not self._classic(partition, key, trace_id, ext):
+            return self._publish_async(
+                self._mpub_plan(topic, bodies, partition, key, trace_id, ext)
+            )
+        return self._submit_async(self._mpub_command(topic, bodies), len(bodies))
 
     def dpub_async(self, topic: str, body: Body, delay: float) -> Future[bytes]:
         """:meth:`dpub` without waiting; see :meth:`pub_async`.  The Future resolves to
         ``b"OK"``."""
-        observers = self._observers.active
-        if observers:
-            return self._observed(observers, "DPUB", True, topic, body, None, delay, None,
-                                  None, None, None)  # fmt: skip
-        command = self._dpub_command(topic, delay, body)
-        if self._router is None:
-            return self._submit_async(command, 1)
-        return self._by_lookup.submit(
-            topic, dpub_builder(self._router, topic, command), False, None, None
-        )
+        if self._observers.active or self._router is not None:
+            return self._publish_async(self._dpub_plan(topic, body, delay, True))
+        return self._submit_async(self._dpub_command(topic, delay, body), 1)
 
     # ---------------------------------------------------------------- observers
 
@@ -430,101 +393,130 @@ class Producer:
         """Stop telling ``observer`` (added with :meth:`add_observer`)."""
         self._observers.remove(observer)
 
-    def _observed(
-        self,
-        observers: tuple[Any, ...],
-        command: str,
-        asynchronous: bool,
-        topic: str,
-        payload: Any,
-        timeout: float | None,
-        delay: float | None,
-        partition: int | None,
-        key: bytes | str | int | None,
-        trace_id: Any,
-        ext: dict[str, Any] | None,
-    ) -> Any:
-        """A publish while observers watch: the same input checks first (bad input raises
-        and is no publish), then ``publish_started`` (which may set the ext header), the
-        publish, and ``publish_ended`` with where it went and how it ended."""
-        batch = command == "MPUB"
-        wire = b""
-        build: Callable[[int | None], bytes] | None = None
-        traced = False
-        if key is not None:
-            key_bytes(key)
-        if command == "DPUB":
-            wire = self._dpub_command(topic, delay, payload)  # type: ignore[arg-type]
-            if self._router is not None:
-                if not asynchronous:
-                    check_not_partitioned(self._router, topic)
-                build = dpub_builder(self._router, topic, wire)
-        elif self._classic(partition, key, trace_id, ext):
-            command_of = self._mpub_command if batch else self._pub_command
-            wire = command_of(topic, payload)
-        else:
-            (self._limits.check_bodies if batch else self._limits.check_body)(payload)
-            builder = mpub_builder if batch else pub_builder
-            build, traced = builder(self._router, self._tracing, topic, payload, partition,
-                                    trace_id, ext)  # fmt: skip
-        event = PublishEvent(
-            self,
-            command,
-            asynchronous,
-            topic,
-            len(payload) if batch else 1,
-            None if batch else body_size(payload),
-            partition,
-            ext,
-            bool(build) and command != "DPUB" and self._extendable(topic, batch, ext, traced,
-                                                                   not asynchronous),
-            self._slots[0].address if self._router is None and len(self._slots) == 1 else None,
-        )  # fmt: skip
-        tell(observers, "publish_started", event)
-        if event.ext is not ext and event.extendable:
-            builder = mpub_builder if batch else pub_builder
-            build, traced = builder(self._router, self._tracing, topic, payload, partition,
-                                    trace_id, event.ext)  # fmt: skip
+    # ---------------------------------------------------------------- the publish path
+
+    def _publish(self, plan: Plan, timeout: float | None) -> PublishResult | None:
+        """Send ``plan`` and wait for nsqd's answer (observers told, when there are any)."""
+        observers = self._observers.active
+        event = self._started(observers, plan, False) if observers else None
         try:
-            if asynchronous:
-                if build is None:
-                    count = len(payload) if batch else 1
-                    future: RequestFuture = self._submit_async(wire, count)  # type: ignore[assignment]
-                else:
-                    future = self._by_lookup.submit(topic, build, traced, partition, key)  # type: ignore[assignment]
-                future.watch(lambda f: _async_ended(observers, event, f))
-                return future
-            answer: bytes | PublishResult
-            if build is None:
-                answer = self._pool.publish_on(wire, None, timeout, event=event)
-                result = None
-            else:
-                result = self._by_lookup.publish(
-                    topic, build, traced, timeout, partition, key, event
-                )
-                answer = protocol.OK if result is None else result
+            result = self._send(plan, timeout, event)
         except BaseException as exc:
-            event.error = exc
-            tell(observers, "publish_ended", event)
+            if event is not None:
+                _failed(observers, event, exc)
             raise
-        _ended(observers, event, answer)
+        if event is not None:
+            _ended(observers, event, protocol.OK if result is None else result)
         return result
 
-    def _extendable(
-        self, topic: str, batch: bool, ext: dict[str, Any] | None, traced: bool, lookup: bool
-    ) -> bool:
-        """May a header be added to this publish: one was given, or the topic's route (looked
-        up now when ``lookup`` and not cached: the publish looks it up anyway) says it takes
-        headers, and it is not a traced MPUB (MPUB_EXT answers no trace result)."""
-        if ext is not None:
+    def _publish_async(self, plan: Plan) -> Future[Any]:
+        """Send ``plan`` without waiting: its Future (observers told as it completes)."""
+        observers = self._observers.active
+        event = self._started(observers, plan, True) if observers else None
+        try:
+            future = self._send_async(plan)
+        except BaseException as exc:
+            if event is not None:
+                _failed(observers, event, exc)
+            raise
+        if event is not None:
+            future.watch(lambda f: _async_ended(observers, event, f))  # type: ignore[attr-defined]
+        return future
+
+    def _send(
+        self, plan: Plan, timeout: float | None, event: PublishEvent | None
+    ) -> PublishResult | None:
+        """``plan`` on a given address (classic) or by lookup, waiting for the answer."""
+        if plan.build is None:
+            assert plan.wire is not None
+            self._pool.publish_on(plan.wire, None, timeout, event=event)
+            return None
+        return self._by_lookup.publish(
+            plan.topic, plan.build, plan.traced, timeout, plan.partition, plan.key, event
+        )
+
+    def _send_async(self, plan: Plan) -> Future[Any]:
+        """``plan`` on a given address (classic) or by lookup, without waiting."""
+        if plan.build is None:
+            assert plan.wire is not None
+            return self._submit_async(plan.wire, plan.count)
+        return self._by_lookup.submit(plan.topic, plan.build, plan.traced, plan.partition, plan.key)
+
+    def _started(self, observers: tuple[Any, ...], plan: Plan, asynchronous: bool) -> PublishEvent:
+        """Tell ``publish_started`` of ``plan``; carry the ext header an observer set."""
+        single = self._slots[0].address if self._router is None and len(self._slots) == 1 else None
+        event = PublishEvent(
+            self, plan.command, asynchronous, plan.topic, plan.count, plan.body_size,
+            plan.partition, plan.ext, self._extendable(plan, not asynchronous), single,
+        )  # fmt: skip
+        tell(observers, "publish_started", event)
+        if event.ext is not plan.ext and event.extendable:
+            plan.with_ext(event.ext)
+        return event
+
+    def _pub_plan(
+        self, topic: str, body: Body, partition: int | None, key: Key, trace_id: int | None,
+        ext: dict[str, Any] | None,
+    ) -> Plan:  # fmt: skip
+        """A PUB (or youzan's PUB_TRACE/PUB_EXT, by lookup), checked."""
+        if key is not None:
+            key_bytes(key)
+        size = body_size(body)
+        if self._classic(partition, key, trace_id, ext):
+            return Plan("PUB", topic, 1, size, self._pub_command(topic, body))
+        self._limits.check_body(body)
+
+        def rebuild(ext: dict[str, Any] | None) -> tuple[Build, bool]:
+            return pub_builder(self._router, self._tracing, topic, body, partition, trace_id, ext)
+
+        build, traced = rebuild(ext)
+        return Plan("PUB", topic, 1, size, None, build, traced, partition, key, ext, rebuild)
+
+    def _mpub_plan(
+        self, topic: str, bodies: Sequence[Body], partition: int | None, key: Key,
+        trace_id: int | Sequence[int] | None, ext: dict[str, Any] | None,
+    ) -> Plan:  # fmt: skip
+        """An MPUB (or youzan's MPUB_TRACE/MPUB_EXT, by lookup), checked."""
+        if key is not None:
+            key_bytes(key)
+        if self._classic(partition, key, trace_id, ext):
+            return Plan("MPUB", topic, len(bodies), None, self._mpub_command(topic, bodies))
+        self._limits.check_bodies(bodies)
+
+        def rebuild(ext: dict[str, Any] | None) -> tuple[Build, bool]:
+            return mpub_builder(self._router, self._tracing, topic, bodies, partition, trace_id,
+                                ext)  # fmt: skip
+
+        build, traced = rebuild(ext)
+        return Plan("MPUB", topic, len(bodies), None, None, build, traced, partition, key, ext,
+                    rebuild, headers=not traced)  # fmt: skip
+
+    def _dpub_plan(self, topic: str, body: Body, delay: float, asynchronous: bool) -> Plan:
+        """A DPUB, checked (by lookup: the topic must not be partitioned; a blocking one is
+        refused now, an asynchronous one once its route is known)."""
+        wire = self._dpub_command(topic, delay, body)
+        build = None
+        if self._router is not None:
+            if not asynchronous:
+                check_not_partitioned(self._router, topic)
+            build = dpub_builder(self._router, topic, wire)
+        return Plan("DPUB", topic, 1, body_size(body), wire, build)
+
+    def _extendable(self, plan: Plan, lookup: bool) -> bool:
+        """May a header be added to ``plan``: one was given, or the topic's route (looked up
+        now when ``lookup`` and not cached: the publish looks it up anyway) says it takes
+        headers, and its form takes one (see :class:`Plan`)."""
+        if plan.rebuild is None:
+            return False
+        if plan.ext is not None:
             return True
         router = self._router
-        if router is None or (batch and traced):
+        if router is None or not plan.headers:
             return False
-        route = router.cached(topic)
+        route = router.cached(plan.topic)
         if route is None and lookup:
             try:
-                route = router.route(topic)
+                route = router.route(plan.topic)
             except Exception:
                 return False  # the publish itself raises it
         return route is not None and route.partitioned and route.extend_support
@@ -760,6 +752,12 @@ def _ended(observers: tuple[Any, ...], event: PublishEvent, result: Any) -> None
     tell(observers, "publish_ended", event)
 
 
+def _failed(observers: tuple[Any, ...], event: PublishEvent, error: BaseException) -> None:
+    """Tell ``publish_ended`` of a publish that failed with ``error``."""
+    event.error = error
+    tell(observers, "publish_ended", event)
+
+
 def _async_ended(observers: tuple[Any, ...], event: PublishEvent, future: Future) -> None:
     """An asynchronous publish's Future completed: tell where it went and how it ended."""
     event.nsqd_address = getattr(future, "nsqd_address", None) or event.nsqd_address
@@ -768,8 +766,7 @@ def _async_ended(observers: tuple[Any, ...], event: PublishEvent, future: Future
         event.partition = partition
     error = failure_of(future)
     if error is not None:
-        event.error = error
-        tell(observers, "publish_ended", event)
+        _failed(observers, event, error)
     else:
         _ended(observers, event, future.answer())  # type: ignore[attr-defined]
 

@@ -22,6 +22,7 @@ from ._router import Router
 __all__ = [
     "TRACE_ID_KEY",
     "Build",
+    "Plan",
     "PublishResult",
     "check_not_partitioned",
     "dpub_builder",
@@ -60,6 +61,41 @@ class PublishResult:
     raw_size: int
     partition: int | None
     nsqd_address: str
+
+
+@dataclasses.dataclass(slots=True)
+class Plan:
+    """One publish, its input checked and encoded, before it is sent: what every form of
+    publish (PUB, MPUB, DPUB; youzan's) hands the Producer's one publish path.
+
+    It goes as ``wire`` on a given address when it has no ``build`` (classic NSQ, no lookup),
+    else by lookup with ``build``.  ``rebuild(ext)`` makes ``build`` and ``traced`` again with
+    an ext header (None: no header can be added, DPUB or a classic publish); ``headers``: the
+    form takes one the topic's route allows (False for a traced MPUB, which answers no trace
+    result with headers).
+
+    Attributes beyond those: ``command`` (``"PUB"``, ``"MPUB"``, ``"DPUB"``), ``topic``,
+    ``count`` and ``body_size`` (None for MPUB), for the observers' event; ``partition``,
+    ``key``, ``ext`` as given.
+    """
+
+    command: str
+    topic: str
+    count: int
+    body_size: int | None
+    wire: bytes | None = None
+    build: Build | None = None
+    traced: bool = False
+    partition: int | None = None
+    key: bytes | str | int | None = None
+    ext: dict[str, Any] | None = None
+    rebuild: Callable[[dict[str, Any] | None], tuple[Build, bool]] | None = None
+    headers: bool = True
+
+    def with_ext(self, ext: dict[str, Any] | None) -> None:
+        """Carry the ext header ``ext`` (an observer's, at ``publish_started``)."""
+        assert self.rebuild is not None
+        self.build, self.traced = self.rebuild(ext)
 
 
 def pub_builder(
