@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..platforms import HAS_EPOLL
 from ..protocol import DecodedMessage, FrameReader
+from ._future_internals import deliver_all
 from ._futures import AnyFuture, RequestFuture, Waiter, wait_answered
 from ._handshake import open_transport
 from ._pending import Pending, expired_error
@@ -73,6 +74,9 @@ class ConnectionState(enum.Enum):
     CONNECTED = "connected"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+_CONNECTED = ConnectionState.CONNECTED  # (an Enum member read is ~10x a global's)
 
 
 class ConnectionDelegate(Protocol):
@@ -337,7 +341,7 @@ class Connection:
         left as it is (it may go to another connection), when this connection does not take
         requests any more (not connected, or after nsqd's fatal error)."""
         with self._lock:
-            if self.state is not ConnectionState.CONNECTED or self._fatal_error is not None:
+            if self.state is not _CONNECTED or self._fatal_error is not None:
                 return False
             pending = self._pending
             pending.items.append(future)
@@ -389,8 +393,7 @@ class Connection:
         with self._lock:
             futures = self._pending.take(count)
         ok = protocol.OK
-        for future in futures:
-            future.deliver(ok)
+        deliver_all(futures, ok)
         if len(futures) < count:
             extra = count - len(futures)
             logger.warning("unexpected response from %s: %r x %d", self.address, ok, extra)
@@ -416,18 +419,18 @@ class Connection:
                     continue
                 if item is _STOP:
                     return
-                chunks: list[bytes] = []
-                #: the requests among them: (index in chunks, future)
-                requests: list[tuple[int, Any]] = []
-                size = 0
+                #: what is queued: commands, and (command, future) requests (see offer())
+                items: list[Any] = []
+                requests = size = 0
                 # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
                 # glibc keep freed megabytes around (its mmap threshold grows with them).
                 while True:
-                    if type(item) is tuple:  # a request (see request())
-                        requests.append((len(chunks), item[1]))
-                        item = item[0]
-                    chunks.append(item)
-                    size += len(item)
+                    if type(item) is tuple:
+                        requests += 1
+                        size += len(item[0])
+                    else:
+                        size += len(item)
+                    items.append(item)
                     if size >= _WRITE_SIZE:
                         break
                     try:
@@ -443,11 +446,12 @@ class Connection:
                         with self._lock:
                             pending = self._pending
                             if pending.dropped:
-                                chunks = pending.without_dropped(chunks, requests)
-                            pending.unsent -= len(requests)
-                        if not chunks:
+                                items, taken_out = pending.without_dropped(items)
+                                requests -= taken_out
+                            pending.unsent -= requests
+                        if not items:
                             continue
-                    transport.sendall(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                    transport.sendall(_joined(items))
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
 
@@ -797,6 +801,14 @@ class Connection:
             "compression": t.compression if t else None,
             "max_rdy_count": self.max_rdy_count,
         }
+
+
+def _joined(items: list[Any]) -> bytes:
+    """The bytes of the writer's batch ``items`` (commands and (command, future) requests)."""
+    if len(items) == 1:
+        item = items[0]
+        return item[0] if type(item) is tuple else item
+    return b"".join([i[0] if type(i) is tuple else i for i in items])
 
 
 def _forwarding_to(future: Future) -> RequestFuture:

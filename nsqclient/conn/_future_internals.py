@@ -39,7 +39,7 @@ from concurrent.futures._base import (
 )
 from typing import Any
 
-__all__ = ["LazyFuture"]
+__all__ = ["LazyFuture", "deliver_all"]
 
 #: the standard library logs a failing done callback there; so does LazyFuture
 _futures_logger = logging.getLogger("concurrent.futures")
@@ -82,6 +82,8 @@ class LazyFuture(Future):
     _callbacks: list[Callable[[Future], object]] | None = None
     #: a callback was added (set before the state is read; _finish reads it after setting it)
     _calling_back = False
+    #: called once answered by deliver() or deliver_all() (a subclass's clean-up), if not None
+    _answered: Callable[[], None] | None = None
 
     def __init__(self) -> None:  # no Future.__init__(): it would make the Condition now
         # Every field a future is sure to get, set now in one order: CPython then keeps them
@@ -148,8 +150,7 @@ class LazyFuture(Future):
 
     def deliver(self, result: Any) -> None:
         """nsqd's answer: the result, unless the future is already done (it expired)."""
-        if self._state == RUNNING:
-            self._complete(result, None)
+        self._complete(result, None)
 
     # ------------------------------------------------ for subclasses
 
@@ -171,32 +172,73 @@ class LazyFuture(Future):
         _call_back(fn, self)
 
     def _finish(self, result: Any, exception: BaseException | None) -> None:
-        if self._state in _DONE:
+        if not self._complete(result, exception):
             raise InvalidStateError(f"{self._state}: {self!r}")
-        self._complete(result, exception)
 
-    def _complete(self, result: Any, exception: BaseException | None) -> None:
-        self._result = result
-        self._exception = exception
+    def _complete(self, result: Any, exception: BaseException | None) -> bool:
+        """Complete it unless it is done already (False then); the state is checked and
+        written under the shared Condition, so that two completions never both win."""
         with _shared_condition:  # before wait() looks at the state, or after it added its waiter
+            if self._state != RUNNING:
+                return False
+            self._result = result
+            self._exception = exception
             self._state = FINISHED
             for waiter in self._waiter_list or ():
                 if exception is None:
                     waiter.add_result(self)
                 else:
                     waiter.add_exception(self)
+        if exception is None and self._answered is not None:
+            self._answered()
         if self._calling_back:
-            # A _when_done() that saw the state before it was FINISHED has appended its
-            # callback once this lock is free; one that comes later calls it itself.
-            with _callback_lock:
-                callbacks = self._callbacks
-            for fn in callbacks or ():
-                _call_back(fn, self)
+            self._call_backs()
         if exception is not None:
             self._failed()
+        return True
+
+    def _call_backs(self) -> None:
+        # A _when_done() that saw the state before it was FINISHED has appended its callback
+        # once this lock is free; one that comes later calls it itself.
+        with _callback_lock:
+            callbacks = self._callbacks
+        for fn in callbacks or ():
+            _call_back(fn, self)
 
     def _failed(self) -> None:
         """Called on the completing thread once the future failed (after its callbacks)."""
+
+
+def deliver_all(futures: list[Any], result: Any) -> None:
+    """nsqd's ``result`` to each of ``futures`` in turn, as their ``deliver()`` would (those
+    done already, expired, are passed over), taking the shared Condition once for them all;
+    done callbacks run after it is released."""
+    others = called_back = None
+    with _shared_condition:
+        for future in futures:
+            if not isinstance(future, LazyFuture):
+                if others is None:
+                    others = []
+                others.append(future)
+                continue
+            if future._state != RUNNING:
+                continue
+            future._result = result
+            future._state = FINISHED
+            waiters = future._waiter_list
+            if waiters:
+                for waiter in waiters:
+                    waiter.add_result(future)
+            if future._calling_back:
+                if called_back is None:
+                    called_back = []
+                called_back.append(future)
+            if future._answered is not None:
+                future._answered()
+    for future in called_back or ():
+        future._call_backs()
+    for future in others or ():
+        future.deliver(result)
 
 
 def _call_back(fn: Callable[[Future], object], future: Future) -> None:

@@ -126,16 +126,15 @@ class Pending:
             self.dropped.add(future)
         return written
 
-    def without_dropped(self, chunks: list[bytes], requests: list[tuple[int, Any]]) -> list[bytes]:
-        """The writer's batch ``chunks`` without the requests in ``dropped`` (``requests``:
-        (index in chunks, future) of the batch's requests, which loses them too)."""
-        skip = set()
-        for i, future in list(requests):
-            if future in self.dropped:
-                self.dropped.discard(future)
-                skip.add(i)
-                requests.remove((i, future))
-        return [c for i, c in enumerate(chunks) if i not in skip]
+    def without_dropped(self, items: list[Any]) -> tuple[list[Any], int]:
+        """The writer's batch ``items`` (commands, and ``(command, future)`` requests) without
+        the requests in ``dropped``, and how many it took out."""
+        dropped = self.dropped
+        kept = [i for i in items if type(i) is not tuple or i[1] not in dropped]
+        for item in items:
+            if type(item) is tuple:
+                dropped.discard(item[1])
+        return kept, len(items) - len(kept)
 
 
 def expired_error(address: str, written: bool) -> NSQTimeoutError:

@@ -83,13 +83,8 @@ class ResendableFuture(OuterFuture):
         self.nsqd_address = None
         self.deadline = deadline
 
-    def set_result(self, result: Any) -> None:
-        self.command = None
-        self._finish(result, None)
-
-    def deliver(self, result: Any) -> None:
-        self.command = None
-        RequestFuture.deliver(self, result)
+    def _answered(self) -> None:
+        self.command = None  # answered: it is never sent again
 
     def set_exception(self, exception: BaseException | None) -> None:
         if (

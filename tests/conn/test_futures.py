@@ -183,3 +183,37 @@ def test_deliver_ignores_a_future_already_done():
     future.set_exception(ValueError("expired"))
     future.deliver(b"OK")  # nsqd's late answer
     assert isinstance(future.failure(), ValueError) and future.answer() is None
+
+
+def test_an_answer_and_an_expiry_racing_never_both_win():
+    from nsqclient.conn._future_internals import deliver_all
+
+    futures = [RequestFuture() for _ in range(5000)]
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def seen(f: Future) -> None:
+        with lock:
+            calls[id(f)] = calls.get(id(f), 0) + 1
+
+    for future in futures:
+        future.watch(seen)
+    start = threading.Barrier(2, timeout=TIMEOUT)
+
+    def expire() -> None:
+        start.wait()
+        for future in reversed(futures):
+            try:
+                future.set_exception(TimeoutError("expired"))
+            except InvalidStateError:
+                pass  # answered first
+
+    expiring = threading.Thread(target=expire)
+    expiring.start()
+    start.wait()
+    for i in range(0, len(futures), 100):
+        deliver_all(futures[i : i + 100], b"OK")
+    expiring.join(TIMEOUT)
+    for future in futures:
+        assert (future.answer() is None) != (future.failure() is None)
+    assert sorted(set(calls.values())) == [1] and len(calls) == len(futures)

@@ -64,10 +64,9 @@ def test_expire_one_and_the_writer_drops_what_was_expired_unsent():
     assert pending.expire(futures[2]) is False  # unsent: out, never written
     assert pending.expire(RequestFuture()) is None
     assert futures[2] not in pending.items and pending.unsent == 1
-    chunks = [b"A", b"FIN x\n", b"B"]
-    requests = [(0, futures[1]), (2, futures[2])]
-    assert pending.without_dropped(chunks, requests) == [b"A", b"FIN x\n"]
-    assert requests == [(0, futures[1])] and not pending.dropped
+    items = [(b"A", futures[1]), b"FIN x\n", (b"B", futures[2])]
+    assert pending.without_dropped(items) == ([(b"A", futures[1]), b"FIN x\n"], 1)
+    assert not pending.dropped
 
 
 def test_expired_errors_say_whether_anything_was_sent():
