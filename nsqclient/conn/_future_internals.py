@@ -4,8 +4,8 @@ A :class:`concurrent.futures.Future` makes a ``threading.Condition`` and two lis
 ``__init__``: several times the cost of everything else a ``pub_async()`` does.
 :class:`LazyFuture` is a Future that makes none of them.  To stay a real Future for the
 standard library's own functions (``wait()``, ``as_completed()``, ``asyncio.wrap_future()``,
-``repr()``), it keeps the fields those read and write, which are CPython's private ones
-(``concurrent/futures/_base.py``, the same from 3.8 to 3.13):
+``repr()``), it keeps the fields those read and write, which are CPython's private ones (in
+``concurrent.futures._base``; the guard test named below checks the running Python's):
 
 * ``_state``, one of the module's state strings, and ``_result`` / ``_exception``;
 * ``_condition``, which ``wait()`` and ``as_completed()`` hold while they look at ``_state``

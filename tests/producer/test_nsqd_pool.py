@@ -112,9 +112,7 @@ def test_write_ready_warms_the_addresses_it_passed_over(nsqd, pools):
     wait_for(lambda: pool[down].failures >= 1, TIMEOUT)  # warmed: tried in the background
 
 
-def test_write_connecting_replaces_a_connection_that_closed_before_it_took_the_command(
-    nsqd, pools
-):
+def test_write_connecting_replaces_a_connection_that_closed_before_it_took_the_command(nsqd, pools):
     pool = pools(nsqd.nsqd.tcp_address)
     pool.publish_on(protocol.pub("pool_t", b"connect"))
     endpoint = pool.given[0]
