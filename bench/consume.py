@@ -190,7 +190,7 @@ class _FinishWatch:
 def run_prefill(spec: dict[str, Any]) -> dict[str, Any]:
     """Fill the topic with MPUBs, several in flight at a time (setup, not measured);
     ``spec["fill"]`` lists ``[tcp address, message count]`` for each nsqd."""
-    from nsqclient.producer._producer import Producer
+    from nsqclient.producer import Producer
 
     body = common.message_body(spec["size"])
     batch, window = 500, 16
@@ -209,7 +209,7 @@ def run_prefill(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_nsqclient(spec: dict[str, Any]) -> dict[str, Any]:
-    from nsqclient.consumer._consumer import Consumer
+    from nsqclient.consumer import Consumer
 
     tally = _Tally(spec["n"], spec["broker_pid"])
 

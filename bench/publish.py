@@ -101,7 +101,7 @@ def run_nsqclient(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
-    from nsqclient.producer._producer import Producer
+    from nsqclient.producer import Producer
 
     body = common.message_body(spec["size"])
     topic, n, publishers, batch = spec["topic"], spec["n"], spec["publishers"], spec["batch"]
