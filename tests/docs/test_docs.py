@@ -158,3 +158,17 @@ def test_every_dotted_path_the_guides_and_examples_name_exists():
     wrong = sorted((f, n) for f, n in named if n not in loggers and not _resolves(n))
     assert wrong == []
     assert not _resolves("nsqclient.consumer.NoSuchName") and not _resolves("nsqclient.batch")
+
+
+def test_the_api_reference_documents_every_public_module_of_the_top():
+    """Each module at nsqclient/'s top whose name has no ``_`` in front is public: the page
+    has it (``automodule``, or its names)."""
+    with open(os.path.join(DOCS, "api.rst"), encoding="utf-8") as f:
+        source = f.read()
+    public = sorted(
+        p.stem for p in (ROOT_PATH / "nsqclient").glob("*.py") if not p.stem.startswith("_")
+    )
+    assert "protocol" in public
+    assert [
+        m for m in public if f"nsqclient.{m}." not in source and f"nsqclient.{m}\n" not in source
+    ] == []
