@@ -268,10 +268,10 @@ class Intake:
 
     def pop(self) -> Any | None:
         """The oldest item not handed over yet, off the queue (None when none is left); in
-        handler mode a message of a waiting run, or of a run a worker is on."""
+        handler mode a message of a run a worker is on, or of a waiting run."""
         with self.cond:
             if self.handler_mode:
-                for run in itertools.chain(self.work, self.runs):
+                for run in itertools.chain(self.runs, self.work):
                     if run:
                         try:
                             return run.popleft()
