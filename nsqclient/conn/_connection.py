@@ -134,6 +134,9 @@ class Connection:
         self.pid = os.getpid()
         self._transport: Transport | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        #: :meth:`send` without its check of the state: what is queued once the connection is
+        #: closed is dropped (a Consumer's FIN per message: nsqd sends that message again)
+        self.queue_command: Callable[[bytes], None] = self._queue.put
         #: requests awaiting nsqd's answer, oldest first (guarded by _lock)
         self._pending = Pending()
         self._lock = threading.Lock()

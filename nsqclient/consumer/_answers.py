@@ -101,11 +101,9 @@ class Responder:
     def finish_message(self, message: Message) -> None:
         flow = message._conn
         assert flow is not None  # a Consumer's messages always carry their connection
-        try:
-            # The id came from nsqd in this message: no need to check it as protocol.fin does.
-            flow.send(b"FIN " + message.id + b"\n")
-        except NSQError:
-            logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
+        # The id came from nsqd in this message: no need to check it as protocol.fin does.  On a
+        # closed connection the FIN is dropped (nsqd sends the message again).
+        flow.put(b"FIN " + message.id + b"\n")
         # _answered(message, "finished", True), inline: this runs once per message handled
         with self._lock:
             self._stats["finished"] += 1

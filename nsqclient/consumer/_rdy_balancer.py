@@ -46,6 +46,7 @@ class ConnFlow:
     __slots__ = (
         "conn",
         "send",
+        "put",
         "key",
         "address",
         "partition",
@@ -61,8 +62,10 @@ class ConnFlow:
 
     def __init__(self, conn: Connection, now: float):
         self.conn = conn
-        #: queue a command on the connection (its ``send``)
+        #: queue a command on the connection (its ``send``: ConnectionClosedError once closed)
         self.send = conn.send
+        #: the same, what is queued once it is closed being dropped (its ``queue_command``)
+        self.put = conn.queue_command
         self.key = conn.key
         self.address = conn.address
         self.partition = conn.partition

@@ -25,6 +25,9 @@ class FakeConn:
         self.last_message_at = 0.0
         self.closed = False
 
+    def queue_command(self, data: bytes) -> None:
+        self.send(data)
+
     def send(self, data: bytes) -> None:
         if self.closed:
             raise ConnectionClosedError("closed")

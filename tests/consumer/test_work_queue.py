@@ -23,6 +23,9 @@ class FakeConn:
         self.partition = None
         self.sent: list[bytes] = []
 
+    def queue_command(self, data: bytes) -> None:
+        self.send(data)
+
     def send(self, data: bytes) -> None:
         self.sent.append(data)
 
