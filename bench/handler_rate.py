@@ -384,8 +384,14 @@ def main(argv: list[str]) -> int:
     if "bench_reader" in clients and not common.go_tool(args, "bench_reader"):
         clients.remove("bench_reader")
         print("  (not measured) bench_reader: not in NSQ_BIN_DIR", file=sys.stderr)
+    args.variants = dict(v.split("=", 1) for v in args.variant)
     if args.baseline:
-        clients = [x for c in clients for x in ([c, f"base-{c}"] if c in CLIENTS[:4] else [c])]
+        args.variants["base"] = args.baseline
+    clients = [
+        x
+        for c in clients
+        for x in ([c, *(f"{v}:{c}" for v in args.variants)] if c in CLIENTS[:4] else [c])
+    ]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}
     mem = max(args.messages, args.go_messages) + 1000
     with common.open_broker(args, mem_queue_size=mem) as broker:

@@ -769,9 +769,9 @@ class Consumer:
             )
             self._intake.put(flow, [batch], len(run.starts), now)
             return
-        if self.config.youzan or conn.extended or conn.ordered:
+        youzan, extended, ordered = conn.config.youzan, conn.extended, conn.ordered
+        if youzan or extended or ordered:
             decode, buf = protocol.decode_message_at, run.buffer
-            youzan, extended, ordered = self.config.youzan, conn.extended, conn.ordered
             pairs = zip(run.starts, run.ends, strict=True)
             decoded = [decode(buf, start, end, youzan, extended, ordered) for start, end in pairs]
             received = Message._received
