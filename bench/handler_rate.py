@@ -293,9 +293,10 @@ def measure(args: Any, broker: common.Broker, client: str) -> dict[str, Any]:
     }
     python = args.nsq_py_python if client == "nsq-py" else None
     path = None
-    if client.startswith("base-"):
-        spec["client"] = client[5:]
-        path = args.baseline
+    prefix, _, mode = client.rpartition(":")
+    if prefix:
+        spec["client"] = mode
+        path = args.variants[prefix]
     result = run_child(spec, python, path, 400.0)
     ch = common.wait_for(
         f"{topic} drained",
@@ -368,8 +369,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--baseline",
         metavar="DIR",
-        help="also run c1, c4, take and batches (as base-c1...) with nsqclient from DIR (a "
+        help="also run c1, c4, take and batches (as base:c1...) with nsqclient from DIR (a "
         "checkout of the code before a change), interleaved with the others",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="as --baseline, named NAME (NAME:c1...); may be given several times",
     )
     parser.add_argument("--go-runfor", type=float, default=1.0, help="bench_reader's --runfor")
     parser.add_argument(

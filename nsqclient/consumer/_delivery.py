@@ -81,7 +81,6 @@ class Handling:
         and the handler contract of :meth:`handle` run here inline, the same step for step:
         a call less per message, and the FIN of each queued as its handler returns."""
         popleft = run.popleft
-        handler = self.handler
         finish = self._finish
         monotonic = time.monotonic
         observers = self._observers
@@ -91,10 +90,10 @@ class Handling:
             except IndexError:
                 return
             current[slot] = message
+            handler = self.handler
             try:
                 if observers.active or self.tracing or self.ordered or handler is None:
                     self.handle(message)
-                    handler = self.handler
                 elif self.max_tries and message.attempts > self.max_tries:
                     self._give_up(message)
                 else:
