@@ -123,13 +123,8 @@ class Connection:
         self.partition: int | None = None
         #: the consumer's name for this connection: the address, plus ``#partition``
         self.key = self.address
-        #: RDY last sent and messages in flight on this connection (kept by the consumer)
-        self.rdy = 0
-        self.in_flight = 0
-        #: of those in flight, how many wait for a handler worker (kept by the consumer)
-        self.queued = 0
+        #: when the last message frames were read (``time.monotonic()``)
         self.last_message_at = 0.0
-        self.last_rdy_at = 0.0
         self.close_reason: BaseException | None = None
         self._fatal_error: ServerError | None = None
         self._write_error: BaseException | None = None
@@ -139,6 +134,9 @@ class Connection:
         self.pid = os.getpid()
         self._transport: Transport | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        #: :meth:`send` without its check of the state: what is queued once the connection is
+        #: closed is dropped (a Consumer's FIN per message: nsqd sends that message again)
+        self.queue_command: Callable[[bytes], None] = self._queue.put
         #: requests awaiting nsqd's answer, oldest first (guarded by _lock)
         self._pending = Pending()
         self._lock = threading.Lock()
@@ -770,17 +768,14 @@ class Connection:
     # ---------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
-        """This connection's figures: ``address``, ``state``, ``rdy``, ``in_flight``,
-        ``queued`` (of those in flight, how many wait for a handler), ``messages_received``,
+        """This connection's figures: ``address``, ``state``, ``messages_received``,
         ``messages_sent``, ``pending_requests``, ``bytes_in``, ``bytes_out`` (raw socket bytes),
-        ``tls`` (version or None), ``compression`` and ``max_rdy_count``."""
+        ``tls`` (version or None), ``compression`` and ``max_rdy_count``.  (A Consumer's
+        ``stats()`` adds its flow-control counts: ``rdy``, ``in_flight``, ``queued``.)"""
         t = self._transport
         return {
             "address": self.address,
             "state": self.state.value,
-            "rdy": self.rdy,
-            "in_flight": self.in_flight,
-            "queued": self.queued,
             "messages_received": self.messages_received,
             "messages_sent": self.messages_sent,
             "pending_requests": self.pending_count(),
