@@ -14,9 +14,9 @@ __all__ = ["Message", "MessageResponder", "RequeueMessage", "answer_lock", "clai
 
 logger = logging.getLogger("nsqclient.message")
 
-#: Guards every message's answered flag: held for two attribute operations, so one lock for all
-#: messages costs less than one lock per message.  Who claims a message's answer sets
-#: ``message._responded`` under it (:meth:`Message._claim`, :func:`claim_all`, a Consumer's
+#: The lock that guards every message's answered flag (one for all messages, held for two
+#: attribute operations, costs less than one per message).  Whoever claims a message's answer
+#: sets ``message._responded`` under it (``Message._claim``, ``claim_all``, a Consumer's
 #: worker).
 answer_lock = threading.Lock()
 _claim_lock = answer_lock
