@@ -173,15 +173,16 @@ class Responder:
         if counters is None:
             return False
         failed, taken_back = counters
-        with self._lock:
-            self._stats[failed] += 1
-            if taken_back is not None:
-                self._stats[taken_back] -= 1
+        # Logged before it is counted: whoever sees the count finds the log line too.
         logger.warning(
             "nsqd %s: %s (the message had probably timed out and been redelivered)",
             conn.address,
             error,
         )
+        with self._lock:
+            self._stats[failed] += 1
+            if taken_back is not None:
+                self._stats[taken_back] -= 1
         return True
 
     # ================================================================ many at once
