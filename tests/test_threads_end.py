@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from nsqclient import Consumer, Producer
-from nsqclient.errors import NSQError, SubOrderIsMustError, UndeliveredError
+from nsqclient.errors import ConnectionClosedError, NSQError, SubOrderIsMustError, UndeliveredError
 from nsqclient.testing import EmbeddedNSQ
-from nsqclient.testing.helpers import TIMEOUT, nsq_threads_gone, publish
+from nsqclient.testing.helpers import TIMEOUT, message_count, nsq_threads_gone, publish
 from nsqclient.testing.waiting import wait_for
 
 
@@ -234,4 +234,53 @@ def test_a_producer_by_lookup_closed_while_it_may_still_ask_nsqd_its_limits(nsqd
         alive(f"nsq-limits-{nsqd.nsqd.tcp_address}") or producer.stats()["nsqd"][0]["max_msg_size"]
     )  # asking, or done asking
     producer.close(timeout=5.0)
+    nsq_threads_gone(before)
+
+
+def test_a_producer_by_lookup_closed_while_a_publish_waits_for_its_retry(nsqd):
+    """No lookupd answers: pub_async's publish is tried again on ``nsq-pub-retry-<topic>``
+    timers.  close() cancels the retry not due yet (its publish fails: nothing was sent) and
+    joins the timers before it returns."""
+    before = set(threading.enumerate())
+    nsqd.stop_lookupd()
+    producer = Producer(lookupd_http_addresses=[nsqd.lookupd.http_url], pub_timeout=30.0)
+    future = producer.pub_async("t_retry", b"never")
+    wait_for(lambda: alive("nsq-pub-retry-t_retry"), TIMEOUT)
+    with pytest.raises(UndeliveredError):
+        producer.close(timeout=0.0)
+    assert not alive("nsq-pub-retry-")  # joined by close(), not merely ended by now
+    nsq_threads_gone(before)
+    error = future.exception(0)
+    assert isinstance(error, ConnectionClosedError) and not error.maybe_processed
+    assert "closed while the publish waited to be tried again" in str(error)
+
+
+def test_a_retry_due_within_close_timeout_still_goes_out(nsqd):
+    """close() waits for publishes in flight, those waiting for a retry by lookup too: a
+    lookupd that answers again while close() waits lets the retry through."""
+    node = nsqd.nsqd
+    before = set(threading.enumerate())
+    nsqd.stall_lookupd()
+    producer = Producer(
+        lookupd_http_addresses=[nsqd.lookupd.http_url],
+        lookupd_request_timeout=0.2,
+        pub_timeout=TIMEOUT * 2,
+    )
+    future = producer.pub_async("t_retry_ok", b"later")
+    wait_for(lambda: alive("nsq-pub-retry-t_retry_ok"), TIMEOUT)
+    raised: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            producer.close(timeout=TIMEOUT)
+        except BaseException as exc:
+            raised.append(exc)
+
+    closer = threading.Thread(target=close, name="test-closer")
+    closer.start()
+    nsqd.unstall_lookupd()
+    closer.join(TIMEOUT * 2)
+    assert not closer.is_alive() and raised == []
+    assert future.result(0) == b"OK"
+    assert message_count(node, "t_retry_ok") == 1
     nsq_threads_gone(before)
