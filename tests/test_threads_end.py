@@ -10,11 +10,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import types
 from collections.abc import Iterator
 
 import pytest
 
 from nsqclient import Consumer, Producer
+from nsqclient.config import Config
+from nsqclient.conn import Connection, _handshake
 from nsqclient.errors import ConnectionClosedError, NSQError, SubOrderIsMustError, UndeliveredError
 from nsqclient.testing import EmbeddedNSQ
 from nsqclient.testing.helpers import TIMEOUT, message_count, nsq_threads_gone, publish
@@ -127,6 +130,35 @@ def test_a_columnar_consumer_stopped_with_batches_unanswered_leaves_no_thread(ns
     assert sum(len(b) for b in batches) >= 1
     consumer.stop(timeout=1.0)  # what was taken and not answered: left to nsqd's msg_timeout
     nsq_threads_gone(before)
+
+
+def test_an_abort_that_lands_just_before_the_dial_begins_is_not_lost(monkeypatch):
+    """``abort_connect()`` (from stop() or close()) coming after the dial's socket was handed
+    over, but before its connect() started: shutting down a socket not yet connecting does
+    not stop the connect that follows (on Linux connect() then even returns at once, the
+    socket still in SYN_SENT).  The dial fails as aborted, rather than go on to a handshake
+    that blocks its ``nsq-connect-*`` thread until ``handshake_timeout``."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    conn = Connection(f"127.0.0.1:{port}", Config(dial_timeout=30.0, handshake_timeout=5.0))
+
+    class AbortedAsItConnects(socket.socket):
+        def connect(self, address: object) -> None:
+            conn.abort_connect()  # another thread's abort, at the worst moment
+            super().connect(address)
+
+    sockets = types.SimpleNamespace(**vars(socket))
+    sockets.socket = AbortedAsItConnects
+    monkeypatch.setattr(_handshake, "socket", sockets)
+    began = time.monotonic()
+    try:
+        with pytest.raises(ConnectionClosedError, match="was aborted"):
+            conn.connect()
+    finally:
+        listener.close()
+    assert time.monotonic() - began < 1.0
 
 
 @pytest.fixture
