@@ -1,7 +1,8 @@
 """Every thread a client starts is gone one second after its ``stop()``/``close()`` returns
 (issue 34), on every path: a normal stop, a fatal error's stop (``nsq-stop-on-error``), pull
 and columnar Consumers, a Producer closed while a background connect (``nsq-connect-<address>``)
-dials a blackholed address or while asynchronous publishes are in flight.  Against the
+dials a blackholed address, while asynchronous publishes are in flight, or while a publish by
+lookup waits for its retry (``nsq-pub-retry-<topic>``).  Against the
 session's broker (embedded, or real binaries with NSQ_BIN_DIR); :func:`nsq_threads_gone` polls.
 """
 
@@ -129,6 +130,25 @@ def test_a_columnar_consumer_stopped_with_batches_unanswered_leaves_no_thread(ns
     batches = wait_for(lambda: consumer.take_batches(5, timeout=0.2), TIMEOUT)
     assert sum(len(b) for b in batches) >= 1
     consumer.stop(timeout=1.0)  # what was taken and not answered: left to nsqd's msg_timeout
+    nsq_threads_gone(before)
+
+
+def test_a_consumer_stopped_while_it_dials_a_blackhole_leaves_no_thread(nsqd, consumers, blackhole):
+    """A connect under way on ``nsq-connect-<key>`` (here one that would hang for its whole
+    dial_timeout): stop() aborts it and joins its thread, rather than wait the dial out."""
+    node = nsqd.nsqd
+    before = set(threading.enumerate())
+    consumer = consumers(
+        "t_dial",
+        "ch",
+        lambda m: None,
+        nsqd_tcp_addresses=[node.tcp_address, blackhole],
+        dial_timeout=30.0,
+    )
+    wait_for(lambda: alive(f"nsq-connect-{blackhole}"), TIMEOUT)
+    began = time.monotonic()
+    consumer.stop(timeout=2.0)
+    assert time.monotonic() - began < 2.0 + 1.0
     nsq_threads_gone(before)
 
 
