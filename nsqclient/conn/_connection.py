@@ -14,9 +14,11 @@ Any thread may send:
   Future resolves with the response bytes, or fails with the typed error nsqd sent.  Responses
   are matched to requests in order (FIFO), which is how nsqd answers them.
 
-The reader answers heartbeats with NOP itself and hands messages and connection events to a
-delegate.  Delegate callbacks run on the reader thread and must not block; user code never runs
-there.
+Whichever thread reads (the reader thread, or a requester reading its own answer) answers
+heartbeats itself (a NOP, queued for the writer), completes the requests answered, and hands
+messages and connection events to a delegate.  Delegate callbacks run on that thread and must
+not block; no handler or hook of a Consumer runs there, but a request Future's done callbacks
+do (they run on the thread that completes the Future).
 """
 
 from __future__ import annotations
@@ -79,12 +81,14 @@ class ConnectionState(enum.Enum):
 
 
 class ConnectionDelegate(Protocol):
-    """What a Connection tells its owner.  These methods run on the reader thread and must not
-    block.  A delegate may also have ``on_state_change(conn, old, new)`` (optional), called on
-    whichever thread moved the connection from one :class:`ConnectionState` to the next, and
-    ``on_messages(conn, messages)`` (optional), which takes every message of one socket read at
-    once, in order, instead of one ``on_message`` call each, or ``on_message_run(conn, run)``
-    (optional), which takes them undecoded (a :class:`~nsqclient.protocol.MessageRun`)."""
+    """What a Connection tells its owner.  These methods run on the thread reading the socket
+    (the reader thread; in caller-reads mode, possibly a requester reading its own answer)
+    and must not block.  A delegate may also have ``on_state_change(conn, old, new)``
+    (optional), called on whichever thread moved the connection from one
+    :class:`ConnectionState` to the next, and ``on_messages(conn, messages)`` (optional),
+    which takes every message of one socket read at once, in order, instead of one
+    ``on_message`` call each, or ``on_message_run(conn, run)`` (optional), which takes them
+    undecoded (a :class:`~nsqclient.protocol.MessageRun`)."""
 
     def on_message(self, conn: Connection, message: DecodedMessage) -> None: ...
 

@@ -169,25 +169,66 @@ class Consumer:
     ):
         self.topic = protocol.check_topic_name(topic)
         self.channel = protocol.check_channel_name(channel)
-        if handler is not None and not callable(handler):
-            raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
         #: pull mode (no handler): messages wait in the work queue until take()
-        self._pull = handler is None
-        if columnar and not self._pull:
-            raise ValueError("columnar=True is for pull mode: make the Consumer with handler=None")
-        self._columnar = bool(columnar)
-        check_owner(options, "Consumer")
-        self.config = Config(**options)
-        self.nsqd_tcp_addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
-        self.lookupd_http_addresses = lookupd_addresses(
-            lookupd_http_addresses, "lookupd_http_addresses"
+        self._pull, self._columnar = self._check_mode(handler, columnar)
+        self.config = self._check_config(options)
+        self.nsqd_tcp_addresses, self.lookupd_http_addresses = self._check_addresses(
+            nsqd_tcp_addresses, lookupd_http_addresses
         )
-        if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
-            raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
         self.partition = None if partition is None else check_int(partition, "partition", min=0)
         self.ordered = bool(ordered)
         self._delegate = _Delegate(self)
-        self._discovery = Discovery(
+        self._discovery = self._make_discovery(on_connect, on_disconnect)
+        self.on_out_of_order = on_out_of_order
+        #: the error that stopped the consumer for good (see error)
+        self._error: NSQError | None = None
+        self.giving_up = giving_up
+        self._max_tries = self.config.max_tries
+        self._init_lifecycle()
+        self._init_workers()
+        self._init_flow_control()
+        self._init_message_path(handler)
+
+    # What __init__ does, one job each (in its order: a later step reads what an earlier one set).
+
+    @staticmethod
+    def _check_mode(handler: Handler | None, columnar: bool) -> tuple[bool, bool]:
+        """``(pull, columnar)``: pull mode without a handler; columnar only in pull mode."""
+        if handler is not None and not callable(handler):
+            raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
+        pull = handler is None
+        if columnar and not pull:
+            raise ValueError("columnar=True is for pull mode: make the Consumer with handler=None")
+        return pull, bool(columnar)
+
+    @staticmethod
+    def _check_config(options: ConsumerOptions) -> Config:
+        """The options as a :class:`~nsqclient.config.Config` (TypeError for one that only a
+        Producer takes)."""
+        check_owner(options, "Consumer")
+        return Config(**options)
+
+    @staticmethod
+    def _check_addresses(
+        nsqd_tcp_addresses: str | Sequence[str] | None,
+        lookupd_http_addresses: str | Sequence[str] | None,
+    ) -> tuple[list[str], list[str]]:
+        """The nsqd and lookupd addresses, parsed (:mod:`nsqclient.addresses`); one of them
+        is needed."""
+        nsqd = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
+        lookupd = lookupd_addresses(lookupd_http_addresses, "lookupd_http_addresses")
+        if not nsqd and not lookupd:
+            raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
+        return nsqd, lookupd
+
+    def _make_discovery(
+        self,
+        on_connect: Callable[[str], Any] | None,
+        on_disconnect: Callable[[str, BaseException | None], Any] | None,
+    ) -> Discovery:
+        """The collaborator that finds and keeps the nsqd (it checks ``ordered`` against the
+        addresses and options, and raises ValueError)."""
+        return Discovery(
             self._delegate,
             self.topic,
             self.channel,
@@ -200,12 +241,9 @@ class Consumer:
             on_connect=on_connect,
             on_disconnect=on_disconnect,
         )
-        self.on_out_of_order = on_out_of_order
-        #: the error that stopped the consumer for good (see error)
-        self._error: NSQError | None = None
-        self.giving_up = giving_up
-        self._max_tries = self.config.max_tries
 
+    def _init_lifecycle(self) -> None:
+        """The lock, the connections, and the events and flags of start() and stop()."""
         self._lock = threading.RLock()
         self._conns: dict[str, ConnFlow] = {}
         self._stopping = threading.Event()
@@ -220,10 +258,16 @@ class Consumer:
         self._started = False
         #: set once start() has started every thread (a hook may call stop() before that)
         self._all_started = threading.Event()
+
+    def _init_workers(self) -> None:
+        """The handler workers' threads and slots, filled by start()."""
         self._workers: list[threading.Thread] = []
         #: per worker: the message its handler is running on (None when idle; each slot
         #: written only by its worker)
         self._current: list[Message | None] = []
+
+    def _init_flow_control(self) -> None:
+        """Backoff, the RDY balancer and the counters."""
         self._backoff = BackoffState(
             self.config.backoff_multiplier,
             self.config.max_backoff_duration,
@@ -245,6 +289,10 @@ class Consumer:
             "requeue_failed": 0,
             "touch_failed": 0,
         }
+
+    def _init_message_path(self, handler: Handler | None) -> None:
+        """The work queue, the observers, the answers (FIN/REQ/TOUCH) and the handling of a
+        message on its way to user code."""
         # What the connections received, until a worker or a taker has it.
         books = SharedState(self._backoff, self._lock, self._conns, self._stats, self._rdy_wake)
         self._intake = Intake(books, 0 if self._pull else self.config.concurrency)
