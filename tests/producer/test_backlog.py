@@ -180,3 +180,21 @@ def test_close_from_a_job_does_not_wait_for_its_own_thread(monkeypatch):
 @pytest.mark.parametrize("timeout", [0.0, -1.0])
 def test_wait_empty_with_no_jobs_is_true_whatever_its_timeout(timeout):
     assert Backlog("empty").wait_empty(timeout)
+
+
+def test_wait_empty_from_a_job_does_not_wait_for_the_job_that_is_waiting(monkeypatch):
+    """A Producer closed from a done callback the backlog runs: its wait for the backlog to
+    empty cannot end while that job runs, so it answers at once."""
+    monkeypatch.setattr(_backlog, "LINGER", 30.0)
+    backlog = Backlog("waiting")
+    answers: list[bool] = []
+    done = threading.Event()
+
+    def waiting() -> None:
+        answers.append(backlog.wait_empty(TIMEOUT))
+        done.set()
+
+    backlog.submit(waiting)
+    assert done.wait(1.0)  # not TIMEOUT
+    assert answers == [False]  # this job is still in jobs
+    backlog.close(TIMEOUT)
