@@ -205,7 +205,8 @@ class ConsumeTelemetry:
         local = self._local
         open_ = local.open
         if open_ is not None and open_.message is message:
-            open_.add(*event)
+            with self._lock:  # (another thread may answer it meanwhile)
+                open_.add(*event)
             return
         # In take(): a process span of its own, ended by the answer that comes next on this
         # thread (giving_up, then FIN).
@@ -229,7 +230,8 @@ class ConsumeTelemetry:
             if action == "requeue" or (
                 open_.recording and (action != "finish" or open_.events or self.finish_events)
             ):
-                open_.add(action, _answer(action, delay, backoff), time.time_ns())
+                with self._lock:  # (another thread may answer it too)
+                    open_.add(action, _answer(action, delay, backoff), time.time_ns())
             return
         given_up = local.give_up
         if given_up is not None and len(messages) == 1 and messages[0] is given_up.message:
