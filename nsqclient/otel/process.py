@@ -42,7 +42,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from ..consumer import Consumer, MessageBatch
 from ..message import Message, RequeueMessage
 from . import names as n
-from .gauges import Tally
+from .gauges import Tally, ThreadTally
 
 __all__ = ["ConsumeTelemetry", "MAX_PENDING"]
 
@@ -82,7 +82,7 @@ class _Open:
         self.recording = recording
         #: the metric attributes (later answers' spans start from them too)
         self.attributes = attributes
-        self.token: object = None
+        self.token: Any = None
         self.started = time.monotonic()
         #: (what, its attributes, time.time_ns()) of each answer and give-up seen while open
         #: (None until the first); what: "finish", "requeue", "touch", "give_up"
@@ -96,11 +96,26 @@ class _Open:
             events.append((what, attributes, when))
 
 
+class _Worker(_Open):
+    """One thread's handler span, reused message after message (``message`` None between
+    handlers: no object made per message); other threads' answers find it through
+    ``ConsumeTelemetry._workers``.  It counts the messages consumed on its thread
+    (``counts``, its ThreadTally's)."""
+
+    __slots__ = ("tally", "counts", "__weakref__")
+
+    def __init__(self, tally: ThreadTally) -> None:
+        self.message = None  # type: ignore[assignment]
+        self.events = None
+        self.tally = tally
+        self.counts = tally.counts
+
+
 class _Local(threading.local):
-    """Per thread: the process span of the handler it runs (``open``), and of a message
+    """Per thread: the process span of the handler it runs (``worker``), and of a message
     given up on in take() (``give_up``)."""
 
-    open: _Open | None = None
+    worker: _Worker | None = None
     give_up: _Open | None = None
 
 
@@ -132,8 +147,8 @@ class ConsumeTelemetry:
         self._recorded = True
         self._local = _Local()
         self._lock = threading.Lock()
-        #: the process spans open, for answers sent from another thread than the handler's
-        self._open: dict[Message, _Open] = {}
+        #: every thread's handler span, for answers sent from another thread than the handler's
+        self._workers: weakref.WeakSet[_Worker] = weakref.WeakSet()
         #: handler mode, messages held with enable_async() after their handler returned:
         #: the process span's context, the metric attributes and id() of the Consumer
         self._held: dict[Message, tuple[SpanContext, dict[str, Any], int]] = {}
@@ -145,7 +160,6 @@ class ConsumeTelemetry:
         #: (topic, channel, nsqd, partition) -> (span name, metric attributes, span attributes)
         self._process_attributes: dict[tuple[Any, ...], tuple[str, dict, dict]] = {}
         self._record_duration = duration.record
-        self._count_consumed = consumed.add
 
     def detached(self, consumer: Consumer) -> None:
         """``consumer`` stopped (or the observer was removed): forget what it held."""
@@ -158,32 +172,46 @@ class ConsumeTelemetry:
     # ------------------------------------------------------------------ handler mode
 
     def handler_started(self, consumer: Consumer, message: Message) -> None:
-        open_ = self._start_process(consumer, message)
-        open_.token = _attach(_in_context(open_.span))
-        self._local.open = open_
-        self._open[message] = open_
+        worker = self._local.worker
+        if worker is None:
+            worker = self._local.worker = _Worker(self.consumed.for_thread())
+            with self._lock:
+                self._workers.add(worker)
+        span, worker.recording, attributes = self._start(consumer, message)
+        # counted on this thread (a Tally.add(1, attributes, interned=True) without the lock)
+        entry = worker.counts.get(id(attributes))
+        if entry is not None and entry[0] is attributes:
+            entry[1] += 1
+        else:
+            worker.tally.new(1, attributes)
+        worker.attributes = attributes
+        worker.span = span
+        worker.started = time.monotonic()
+        worker.token = _attach(_in_context(span))
+        worker.message = message  # (last: what other threads look for)
 
     def handler_ended(
         self, consumer: Consumer, message: Message, error: BaseException | None
     ) -> None:
-        local = self._local
-        open_ = local.open
-        if open_ is None or open_.message is not message:
+        worker = self._local.worker
+        if worker is None or worker.message is not message:
             return  # started before instrument()
-        local.open = None
-        elapsed = time.monotonic() - open_.started
-        _detach(open_.token)
+        elapsed = time.monotonic() - worker.started
+        _detach(worker.token)
         with self._lock:
-            self._open.pop(message, None)
-        if error is None and open_.events is None:
+            worker.message = None  # type: ignore[assignment]
+            events = worker.events
+            worker.events = None
+        span = worker.span
+        if error is None and events is None:
             # the common case: returned, finished, nothing else seen
-            self._record_duration(elapsed, open_.attributes)
-            open_.span.end()
+            self._record_duration(elapsed, worker.attributes)
+            span.end()
         else:
-            self._end_process(open_, error, elapsed)
+            self._end_process(span, worker.recording, worker.attributes, events, error, elapsed)
         if not message.has_responded():
             # taken over with enable_async(): its answer comes later, from anywhere
-            self._remember(consumer, message, open_)
+            self._remember(consumer, message, span, worker.attributes)
 
     def message_out_of_order(self, consumer: Consumer, message: Message, last_offset: int) -> None:
         attributes = {
@@ -203,15 +231,16 @@ class ConsumeTelemetry:
             time.time_ns(),
         )
         local = self._local
-        open_ = local.open
-        if open_ is not None and open_.message is message:
+        worker = local.worker
+        if worker is not None and worker.message is message:
             with self._lock:  # (another thread may answer it meanwhile)
-                open_.add(*event)
+                worker.add(*event)
             return
         # In take(): a process span of its own, ended by the answer that comes next on this
         # thread (giving_up, then FIN).
         self._end_give_up()
-        open_ = self._start_process(consumer, message)
+        open_ = _Open(message, *self._start(consumer, message))
+        self.consumed.add(1, open_.attributes, interned=True)  # (a cached dict)
         open_.add(*event)
         local.give_up = open_
 
@@ -224,7 +253,7 @@ class ConsumeTelemetry:
         backoff: bool | None,
     ) -> None:
         local = self._local
-        open_ = local.open
+        open_ = local.worker
         if open_ is not None and len(messages) == 1 and messages[0] is open_.message:
             # the common case: the handler's message, on its worker thread
             if action == "requeue" or (
@@ -375,7 +404,10 @@ class ConsumeTelemetry:
 
     # ------------------------------------------------------------------ the process span
 
-    def _start_process(self, consumer: Consumer, message: Message) -> _Open:
+    def _start(
+        self, consumer: Consumer, message: Message
+    ) -> tuple[trace.Span, bool, dict[str, Any]]:
+        """Start a process span: the span, whether it records, the metric attributes."""
         known = self._process_attributes.get(
             (consumer.topic, consumer.channel, message.nsqd_address, message.partition)
         )
@@ -406,8 +438,7 @@ class ConsumeTelemetry:
             if recording:
                 span.set_attributes(_message_attributes(message))
                 self._recorded = True
-        self._count_consumed(1, attributes, interned=True)  # (a cached dict)
-        return _Open(message, span, recording, attributes)
+        return span, recording, attributes
 
     def _new_process_attributes(
         self, consumer: Consumer, message: Message
@@ -433,10 +464,16 @@ class ConsumeTelemetry:
             self._process_attributes[key] = known
         return known
 
-    def _end_process(self, open_: _Open, error: BaseException | None, elapsed: float) -> None:
-        span = open_.span
-        recording = open_.recording
-        events = open_.events or ()
+    def _end_process(
+        self,
+        span: trace.Span,
+        recording: bool,
+        base: dict[str, Any],
+        events: list[tuple[str, dict[str, Any] | None, int]] | None,
+        error: BaseException | None,
+        elapsed: float,
+    ) -> None:
+        events = events or []
         error_type: str | None = None
         if error is not None and not isinstance(error, RequeueMessage):
             error_type = n.error_type(error)
@@ -463,9 +500,9 @@ class ConsumeTelemetry:
         if error_type is not None:
             if recording:
                 span.set_attribute(n.ERROR_TYPE, error_type)
-            self._record_duration(elapsed, {**open_.attributes, n.ERROR_TYPE: error_type})
+            self._record_duration(elapsed, {**base, n.ERROR_TYPE: error_type})
         else:
-            self._record_duration(elapsed, open_.attributes)
+            self._record_duration(elapsed, base)
         span.end()
 
     def _end_give_up(self) -> None:
@@ -474,7 +511,10 @@ class ConsumeTelemetry:
         open_ = local.give_up
         if open_ is not None:
             local.give_up = None
-            self._end_process(open_, None, time.monotonic() - open_.started)
+            elapsed = time.monotonic() - open_.started
+            self._end_process(
+                open_.span, open_.recording, open_.attributes, open_.events, None, elapsed
+            )
 
     def _parent(self, message: Message) -> otel_context.Context | None:
         """The publisher's context from a youzan message's ext header, or None."""
@@ -494,8 +534,10 @@ class ConsumeTelemetry:
 
     # ------------------------------------------------------------------ later answers
 
-    def _remember(self, consumer: Consumer, message: Message, open_: _Open) -> None:
-        entry = (open_.span.get_span_context(), open_.attributes, id(consumer))
+    def _remember(
+        self, consumer: Consumer, message: Message, span: trace.Span, attributes: dict[str, Any]
+    ) -> None:
+        entry = (span.get_span_context(), attributes, id(consumer))
         with self._lock:
             self._held[message] = entry
             _bound(self._held)
@@ -515,19 +557,22 @@ class ConsumeTelemetry:
         returned (enable_async)."""
         later = []
         now = time.time_ns()
+        running: dict[Message, _Worker] | None = None
         with self._lock:
             for message in messages:
-                open_ = self._open.get(message)
-                if open_ is not None:  # its handler still runs
-                    if action != "finish" or open_.events or self.finish_events:
-                        open_.add(action, _answer(action, delay, backoff), now)
-                    continue
                 if action == "touch":
                     held = self._held.get(message)
                 else:
                     held = self._held.pop(message, None)
-                if held is not None:
+                if held is not None:  # its handler returned (enable_async)
                     later.append((message, held))
+                    continue
+                if running is None:  # the handlers running now, by message
+                    running = {w.message: w for w in self._workers if w.message is not None}
+                open_ = running.get(message)
+                if open_ is not None:  # its handler still runs
+                    if action != "finish" or open_.events or self.finish_events:
+                        open_.add(action, _answer(action, delay, backoff), now)
         for message, (context, base, _) in later:
             attributes = {**base, n.OPERATION_NAME: action}
             if action != "touch":
