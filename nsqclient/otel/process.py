@@ -102,13 +102,16 @@ class _Worker(_Open):
     ``ConsumeTelemetry._workers``.  It counts the messages consumed on its thread
     (``counts``, its ThreadTally's)."""
 
-    __slots__ = ("tally", "counts", "__weakref__")
+    __slots__ = ("tally", "counts", "route", "__weakref__")
 
     def __init__(self, tally: ThreadTally) -> None:
         self.message = None  # type: ignore[assignment]
         self.events = None
         self.tally = tally
         self.counts = tally.counts
+        #: the last message's Consumer, nsqd_address and process attributes (name, metric
+        #: attributes, span attributes)
+        self.route: tuple[Any, ...] = (None, None, None)
 
 
 class _Local(threading.local):
@@ -166,6 +169,9 @@ class ConsumeTelemetry:
         key = id(consumer)
         with self._lock:
             self._taken.pop(consumer, None)
+            for worker in self._workers:
+                if worker.route[0] is consumer:
+                    worker.route = (None, None, None)  # (holds no Consumer that stopped)
             for message in [m for m, held in self._held.items() if held[2] == key]:
                 del self._held[message]
 
@@ -177,7 +183,37 @@ class ConsumeTelemetry:
             worker = self._local.worker = _Worker(self.consumed.for_thread())
             with self._lock:
                 self._workers.add(worker)
-        span, worker.recording, attributes = self._start(consumer, message)
+        route = worker.route
+        if (
+            route[0] is consumer
+            and route[1] is message.nsqd_address
+            and message.partition is None
+            and self._recorded
+            and not message.ext
+            and not message.trace_id
+            and message.offset is None
+        ):
+            # The common case of classic NSQ, _start's first branch: the same Consumer and
+            # connection as the last message on this thread, spans recorded, no parent.
+            name, attributes, span_attributes = route[2]
+            span = self._start_span(
+                name,
+                None,
+                SpanKind.CONSUMER,
+                {
+                    **span_attributes,
+                    n.MESSAGE_ID: _message_id(message),
+                    n.BODY_SIZE: len(message.body),
+                    n.NSQ_ATTEMPTS: message.attempts,
+                },
+            )
+            worker.recording = recording = span.is_recording()
+            if not recording:
+                self._recorded = False
+        else:
+            span, worker.recording, known = self._start(consumer, message)
+            attributes = known[1]
+            worker.route = (consumer, message.nsqd_address, known)
         # counted on this thread (a Tally.add(1, attributes, interned=True) without the lock)
         entry = worker.counts.get(id(attributes))
         if entry is not None and entry[0] is attributes:
@@ -239,7 +275,8 @@ class ConsumeTelemetry:
         # In take(): a process span of its own, ended by the answer that comes next on this
         # thread (giving_up, then FIN).
         self._end_give_up()
-        open_ = _Open(message, *self._start(consumer, message))
+        span, recording, known = self._start(consumer, message)
+        open_ = _Open(message, span, recording, known[1])
         self.consumed.add(1, open_.attributes, interned=True)  # (a cached dict)
         open_.add(*event)
         local.give_up = open_
@@ -406,8 +443,9 @@ class ConsumeTelemetry:
 
     def _start(
         self, consumer: Consumer, message: Message
-    ) -> tuple[trace.Span, bool, dict[str, Any]]:
-        """Start a process span: the span, whether it records, the metric attributes."""
+    ) -> tuple[trace.Span, bool, tuple[str, dict[str, Any], dict[str, Any]]]:
+        """Start a process span: the span, whether it records, and the process attributes
+        (span name, metric attributes, span attributes) of its Consumer and nsqd."""
         known = self._process_attributes.get(
             (consumer.topic, consumer.channel, message.nsqd_address, message.partition)
         )
@@ -438,7 +476,7 @@ class ConsumeTelemetry:
             if recording:
                 span.set_attributes(_message_attributes(message))
                 self._recorded = True
-        return span, recording, attributes
+        return span, recording, known
 
     def _new_process_attributes(
         self, consumer: Consumer, message: Message
