@@ -193,6 +193,7 @@ class Tally:
         :class:`ThreadTally`), read with this tally's own."""
         counts = ThreadTally(self)
         with self._lock:
+            self._fold_ended()  # (so that threads coming and going add up to nothing)
             self._threads.append(counts)
         return counts
 
@@ -216,19 +217,23 @@ class Tally:
             items = tuple(attributes.items())
             counts[items] = counts.get(items, 0) + count
 
+    def _fold_ended(self) -> None:
+        """Count what threads that ended counted as this tally's own (under the lock)."""
+        live = []
+        for thread_counts in self._threads:
+            if thread_counts.thread.is_alive():
+                live.append(thread_counts)
+            else:  # nothing adds to these any more
+                self._fold_entries(thread_counts.counts.values())
+                thread_counts.counts.clear()
+        self._threads = live
+
     def read(self) -> Iterator[_Value]:
         with self._lock:
             self._fold()
-            live = []
-            for thread_counts in self._threads:
-                if thread_counts.thread.is_alive():
-                    live.append(thread_counts)
-                else:  # its thread ended: nothing adds to these any more
-                    self._fold_entries(thread_counts.counts.values())
-                    thread_counts.counts.clear()
-            self._threads = live
+            self._fold_ended()
             counts = dict(self._counts)
-            for thread_counts in live:
+            for thread_counts in self._threads:
                 # (its thread may add meanwhile: each entry is read once, as it is then)
                 for attributes, count in list(thread_counts.counts.values()):
                     items = tuple(attributes.items())
