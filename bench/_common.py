@@ -276,6 +276,11 @@ class CpuWindow:
         b1 = process_cpu_seconds(self.broker_pid)
         self.broker_cpu = None if b1 is None or self._b0 is None else b1 - self._b0
 
+    @property
+    def started_at(self) -> float | None:
+        """When :meth:`start` was called (``time.perf_counter``), None before."""
+        return self._t0
+
     def as_dict(self) -> dict[str, Any]:
         return {"seconds": self.wall, "cpu": self.cpu, "broker_cpu": self.broker_cpu}
 
@@ -454,6 +459,24 @@ def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any]
     return None
 
 
+def channel_finish_count(http_address: str, topic: str, channel: str) -> int:
+    """How many of the channel's messages nsqd counts as FINished: its clients' ``finish_count``
+    summed (nsqd's ``/stats`` has no such count for the channel itself; a client's goes with
+    its connection, so read it while the consumer is connected)."""
+    query = urllib.parse.urlencode(
+        {"format": "json", "topic": topic, "channel": channel, "include_mem": "false"}
+    )
+    data = _http_json(f"http://{http_address}/stats?{query}")
+    total = 0
+    for entry in data.get("topics") or []:
+        if entry.get("topic_name") != topic:
+            continue
+        for ch in entry.get("channels") or []:
+            if ch.get("channel_name") == channel:
+                total += sum(int(c.get("finish_count", 0)) for c in ch.get("clients") or [])
+    return total
+
+
 def create_channel(http_address: str, topic: str, channel: str) -> None:
     """Create ``topic`` and ``channel`` over HTTP, so that published messages go straight to the
     channel."""
@@ -515,13 +538,21 @@ class ChildError(RuntimeError):
     """A benchmark subprocess failed."""
 
 
-def run_child(script: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run ``script --child SPEC`` with this interpreter; return its ``BENCH-RESULT`` dict.
+def run_child(
+    script: str, spec: dict[str, Any], timeout: float, python: str | None = None
+) -> dict[str, Any]:
+    """Run ``script --child SPEC`` with this interpreter (or ``python``: a peer's virtualenv,
+    see :func:`peer_python`); return its ``BENCH-RESULT`` dict.
 
     The child's stderr passes through (its log and profile go there).  With
     ``spec["py_spy"]`` (the py-spy binary) and ``spec["profile"]`` (a directory), the child
-    runs under ``py-spy record`` and a summary of the samples is written next to them."""
-    argv = [sys.executable, script, "--child", json.dumps(spec)]
+    runs under ``py-spy record`` and a summary of the samples is written next to them.  A
+    child run by another interpreter gets no ``PYTHONPATH``: it imports its own packages and
+    the stdlib-only ``_common`` beside the script, nothing of this process's path."""
+    env = None
+    if python is not None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [python or sys.executable, script, "--child", json.dumps(spec)]
     raw = None
     if spec.get("py_spy") and spec.get("profile"):
         Path(spec["profile"]).mkdir(parents=True, exist_ok=True)
@@ -543,7 +574,13 @@ def run_child(script: str, spec: dict[str, Any], timeout: float) -> dict[str, An
         ]
     try:
         proc = subprocess.run(
-            argv, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, check=False
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env,
         )
     except subprocess.TimeoutExpired as exc:
         what = f"{spec.get('client')} {spec.get('case')}"
@@ -872,8 +909,9 @@ def add_clients_argument(parser: argparse.ArgumentParser, clients: Sequence[str]
     parser.add_argument(
         "--clients",
         default=",".join(clients),
-        help=f"comma-separated subset of {','.join(clients)} (default: all; gnsq and "
-        f"{go} are left out when gnsq does not import / NSQ_BIN_DIR has no {go})",
+        help=f"comma-separated subset of {','.join(clients)} (default: all; gnsq, {NSQ_PY} and "
+        f"{go} are left out when gnsq does not import / {NSQ_PY}'s virtualenv cannot be made "
+        f"(see --peer-venvs) / NSQ_BIN_DIR has no {go})",
     )
 
 
@@ -959,14 +997,15 @@ def print_report_intro(title: str, broker: Broker, cells: str) -> None:
 
 
 def comparison_headers(tool: str, *more: str) -> list[str]:
-    """The headers of a comparison table: the case, nsqclient, pynsq and gnsq (with their
-    versions), the Go ``tool``, then ``more``."""
+    """The headers of a comparison table: the case, nsqclient, pynsq, gnsq and nsq-py (with
+    their versions), the Go ``tool``, then ``more``."""
     versions = library_versions()
     return [
         "case",
         "nsqclient",
         f"pynsq {versions.get('pynsq', '?')}",
         f"gnsq {versions.get('gnsq', '-')}",
+        f"{NSQ_PY} {NSQ_PY_VERSION}",
         tool,
         *more,
     ]
@@ -1060,6 +1099,136 @@ def gnsq_problem() -> str | None:
         return None
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
     return f"does not import ({last}); pip install gnsq (the bench extra has it)"
+
+
+# ------------------------------------------------------------------------------ peers in a venv
+
+#: nsq-py, the select()-loop client: its package is ``nsq``, as pynsq's is, so it cannot share
+#: an interpreter with pynsq and runs from a virtualenv of its own (:func:`peer_python`)
+NSQ_PY = "nsq-py"
+NSQ_PY_VERSION = "0.1.12"
+#: what a child of nsq-py's virtualenv checks before it measures: ``nsq`` is nsq-py, not pynsq
+NSQ_PY_CHECK = (
+    "import nsq, nsq.reader, nsq.client; from importlib.metadata import version; "
+    "print(version('nsq-py'), nsq.__version__)"
+)
+
+
+def add_peer_venv_argument(parser: argparse.ArgumentParser) -> None:
+    """``--peer-venvs``: where peers that need an interpreter of their own get one."""
+    parser.add_argument(
+        "--peer-venvs",
+        metavar="DIR",
+        default=os.environ.get("NSQCLIENT_BENCH_VENVS"),
+        help=f"directory of the virtualenvs made for peers whose package clashes with another's "
+        f"({NSQ_PY}'s nsq with pynsq's), made on first use and reused (needs pip and the "
+        "package index; default $NSQCLIENT_BENCH_VENVS, else ~/.cache/nsqclient-bench)",
+    )
+
+
+def peer_venvs_dir(args: argparse.Namespace) -> Path:
+    """``--peer-venvs``, else ``$XDG_CACHE_HOME/nsqclient-bench`` (``~/.cache`` by default)."""
+    if getattr(args, "peer_venvs", None):
+        return Path(args.peer_venvs).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "nsqclient-bench"
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["?"])[-1]
+
+
+def _check_venv(python: Path, check: str) -> tuple[str | None, str]:
+    """Run ``check`` (code printing a version) in ``python``: ``(version, "")`` or ``(None,
+    why)``."""
+    if not python.exists():
+        return None, f"{python} does not exist"
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", check], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{python}: {exc}"
+    if proc.returncode != 0:
+        return None, f"{python}: {_last_line(proc.stderr)}"
+    return proc.stdout.strip(), ""
+
+
+def peer_python(
+    args: argparse.Namespace, name: str, requirement: str, check: str
+) -> tuple[str | None, str]:
+    """The interpreter of the virtualenv ``name`` (in :func:`peer_venvs_dir`) that has
+    ``requirement`` installed, made when missing or broken; ``(python, what check printed)``,
+    or ``(None, why not)`` when it cannot be made (no pip, no network, a build failure): the
+    caller reports the case as not measured.
+
+    The venv is made beside its final place and renamed into it, so that a run that fails
+    half-way leaves nothing that looks usable and two runs at once do not share a half-made
+    one.  It is tied to this interpreter's version (in its name)."""
+    import shutil
+
+    tag = f"py{sys.version_info[0]}.{sys.version_info[1]}"
+    venv = peer_venvs_dir(args) / f"{name}-{tag}"
+    found, _ = _check_venv(_venv_python(venv), check)
+    if found is not None:
+        return str(_venv_python(venv)), found
+    staging = venv.with_name(f"{venv.name}.tmp-{os.getpid()}")
+    print(f"  making the {requirement} virtualenv {venv} (once)...", file=sys.stderr)
+    try:
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        for argv, what in (
+            ([sys.executable, "-m", "venv", str(staging)], "python -m venv"),
+            (
+                [
+                    str(_venv_python(staging)),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    requirement,
+                ],
+                f"pip install {requirement}",
+            ),
+        ):
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+            if proc.returncode != 0:
+                return None, f"{what} failed: {_last_line(proc.stderr + proc.stdout)}"
+        found, why = _check_venv(_venv_python(staging), check)
+        if found is None:
+            return None, f"installed but does not import: {why}"
+        if venv.exists():
+            shutil.rmtree(venv, ignore_errors=True)  # broken: it failed the check above
+        try:
+            staging.rename(venv)
+        except OSError:
+            pass  # another run put one there first: use it if it works
+        found, why = _check_venv(_venv_python(venv), check)
+        if found is None:
+            return None, why
+        return str(_venv_python(venv)), found
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"cannot make {venv}: {exc}"
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def nsq_py_python(args: argparse.Namespace) -> tuple[str | None, str]:
+    """nsq-py's interpreter (its venv, made when missing) and ``""``, or None and why not.
+    The venv must hold nsq-py :data:`NSQ_PY_VERSION`, and ``nsq`` must be that package."""
+    python, found = peer_python(
+        args, f"{NSQ_PY}-{NSQ_PY_VERSION}", f"{NSQ_PY}=={NSQ_PY_VERSION}", NSQ_PY_CHECK
+    )
+    if python is None:
+        return None, found
+    if found.split() != [NSQ_PY_VERSION, NSQ_PY_VERSION]:
+        return None, f"{python} has {NSQ_PY} / nsq {found!r}, not {NSQ_PY_VERSION}"
+    return python, ""
 
 
 # ------------------------------------------------------------------------------ go-nsq tools

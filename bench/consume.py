@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Consume throughput and memory: nsqclient's Consumer against pynsq's Reader on the same nsqd.
+"""Consume throughput and memory: nsqclient's Consumer against pynsq's Reader, gnsq's Consumer,
+nsq-py's Reader and go-nsq's bench_reader on the same nsqd.
 
 For every client (and every nsqclient ``concurrency`` asked for) the parent makes a fresh topic
 and channel, fills the channel with N 200-byte messages (MPUB, before the consumer starts), then
@@ -7,11 +8,17 @@ runs the consumer in its own subprocess with a no-op handler and ``max_in_flight
 rate is M-1 intervals over the time from the handler's first call to its M-th, M being 99% of
 N: nsqd holds the last few kilobytes of a run for its ``output_buffer_timeout`` (250 ms) before
 it sends them, which would add up to 250 ms to every run whatever the client (20% of a fast
-200,000-message run), so the clock stops before that tail.  The consumer
+200,000-message run), so the clock stops before that tail.  Beside it, the rate to the end:
+N-1 intervals from the same first call until nsqd's ``/stats`` counts N FINs on the channel
+(its clients' ``finish_count``, polled by the consumer's process from its N-th call on), tail
+and FINs included.  The consumer
 samples its own resident memory (``VmRSS`` from ``/proc/self/status``) before it starts, at the
 first message, at 25/50/75/100% of N and after it stopped, plus the peak (``VmHWM``).  The parent
 then checks nsqd's ``/stats``: the channel must be empty with nothing in flight, requeued or
 timed out, i.e. every message was received and finished exactly once.
+
+nsq-py's package is ``nsq``, as pynsq's is: its consumer runs from a virtualenv of its own
+(``--peer-venvs``), made on first use; when it cannot be made nsq-py is not measured.
 
     .venv/bin/python bench/consume.py                      # 1,000,000 messages per client
     .venv/bin/python bench/consume.py --messages 200000 --concurrency 1,4
@@ -31,7 +38,7 @@ from typing import Any
 import _common as common
 
 CHANNEL = "bench"
-CLIENTS = ("nsqclient", "pynsq", "gnsq", "bench_reader")
+CLIENTS = ("nsqclient", "pynsq", "gnsq", common.NSQ_PY, "bench_reader")
 RSS_POINTS = ("before start", "first message", "25%", "50%", "75%", "100%", "after stop")
 
 
@@ -78,21 +85,112 @@ class _Tally:
             self._watch = (self.seen, now)
         return now - self._watch[1] > stall_timeout
 
-    def result(self) -> dict[str, Any]:
+    def stall_error(self, spec: dict[str, Any]) -> str:
+        return (
+            f"received {self.seen} of {spec['n']}, then nothing for "
+            f"{spec['stall_timeout']}s (or the {spec['timeout']}s limit passed)"
+        )
+
+    def result(self, watch: _FinishWatch | None = None) -> dict[str, Any]:
+        """What the parent gets; with ``watch``, the to-the-end time too (None when nsqd did
+        not count N FINs in time)."""
         self.rss["after stop"] = common.proc_status_kib("VmRSS")
-        return {
+        result = {
             "received": self.seen,
             "timed": self.stop_at,
             **self.window.as_dict(),
             "rss_kib": self.rss,
             "peak_rss_kib": common.proc_status_kib("VmHWM"),
         }
+        if watch is not None:
+            started = self.window.started_at
+            ended = watch.at
+            result["to_end_seconds"] = None if ended is None or started is None else ended - started
+            result["finish_polls"] = watch.polls
+            result["finished_at_last_call"] = watch.first_count
+        return result
+
+
+#: pause between two polls of nsqd's /stats by the to-the-end clock (a poll itself takes about
+#: a millisecond: a fresh HTTP connection, nsqd's stats of the one channel)
+FINISH_POLL_PAUSE = 0.001
+
+
+class _FinishWatch:
+    """The to-the-end clock's stop: once the handler has run N times, poll nsqd's ``/stats``
+    until the channel's finish count (summed over every nsqd of the run) reaches N, and keep
+    when the first answer saying so came (``at``, ``time.perf_counter``; None if it did not
+    come within ``timeout`` seconds).
+
+    :meth:`wait` polls in the calling thread (nsqclient: its own threads write the FINs);
+    :meth:`start` in a thread of its own, for a client whose FINs are written by the loop the
+    caller must keep running meanwhile (pynsq's IOLoop, gnsq's hub, nsq-py's select loop).
+    Polling starts only after the N-th message was handled, so that it takes nothing from the
+    run before; it ends the clock a poll late at most (a millisecond or two)."""
+
+    def __init__(self, spec: dict[str, Any], timeout: float):
+        self.http_list: list[str] = spec.get("http_list") or [spec["http"]]
+        self.topic = spec["topic"]
+        self.n = spec["n"]
+        self.timeout = timeout
+        self.at: float | None = None
+        self.finished = 0
+        #: the count of the first poll: what nsqd had FINished when the handler had run N times
+        self.first_count: int | None = None
+        self.polls = 0
+        self.done = threading.Event()
+
+    def start(self, then: Any = None) -> None:
+        """Poll in a daemon thread; call ``then()`` (from that thread) when done."""
+
+        def run() -> None:
+            self.wait()
+            if then is not None:
+                then()
+
+        threading.Thread(target=run, name="bench-finish-watch", daemon=True).start()
+
+    def wait(self) -> bool:
+        """Poll until nsqd counts N FINs (True) or ``timeout`` passes (False)."""
+        deadline = time.monotonic() + self.timeout
+        pause = threading.Event()
+        try:
+            while True:
+                try:
+                    count = sum(
+                        common.channel_finish_count(http, self.topic, CHANNEL)
+                        for http in self.http_list
+                    )
+                except (OSError, ValueError):
+                    count = self.finished
+                now = time.perf_counter()
+                self.polls += 1
+                self.finished = count
+                if self.first_count is None:
+                    self.first_count = count
+                if count >= self.n:
+                    self.at = now
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                pause.wait(FINISH_POLL_PAUSE)
+        finally:
+            self.done.set()
+
+    def error(self) -> str | None:
+        """Why there is no to-the-end time (None when there is one)."""
+        if self.at is not None:
+            return None
+        return (
+            f"nsqd counted {self.finished} of {self.n} FINs {self.timeout}s after the "
+            f"handler's {self.n}-th call"
+        )
 
 
 def run_prefill(spec: dict[str, Any]) -> dict[str, Any]:
     """Fill the topic with MPUBs, several in flight at a time (setup, not measured);
     ``spec["fill"]`` lists ``[tcp address, message count]`` for each nsqd."""
-    from nsqclient.producer._producer import Producer
+    from nsqclient.producer import Producer
 
     body = common.message_body(spec["size"])
     batch, window = 500, 16
@@ -111,7 +209,7 @@ def run_prefill(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_nsqclient(spec: dict[str, Any]) -> dict[str, Any]:
-    from nsqclient.consumer._consumer import Consumer
+    from nsqclient.consumer import Consumer
 
     tally = _Tally(spec["n"], spec["broker_pid"])
 
@@ -126,6 +224,7 @@ def run_nsqclient(spec: dict[str, Any]) -> dict[str, Any]:
         max_in_flight=spec["max_in_flight"],
         concurrency=spec["concurrency"],
     )
+    watch = _FinishWatch(spec, spec["stall_timeout"])
     with common.maybe_profile(spec):  # started first, so the consumer's threads are profiled
         consumer.start()
         deadline = time.monotonic() + spec["timeout"]
@@ -134,16 +233,17 @@ def run_nsqclient(spec: dict[str, Any]) -> dict[str, Any]:
             if now > deadline or tally.stalled(now, spec["stall_timeout"]):
                 break
         finished = tally.done.is_set()
+        if finished:
+            watch.wait()  # the consumer's threads write the FINs
         consumer.stop(timeout=30.0)
-    result = tally.result()
+    result = tally.result(watch)
     result["client_stats"] = {
         k: v for k, v in consumer.stats().items() if k in ("received", "finished", "requeued")
     }
     if not finished:
-        result["error"] = (
-            f"received {result['received']} of {spec['n']}, then nothing for "
-            f"{spec['stall_timeout']}s (or the {spec['timeout']}s limit passed)"
-        )
+        result["error"] = tally.stall_error(spec)
+    elif watch.error():
+        result["error"] = watch.error()
     return result
 
 
@@ -153,27 +253,19 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
 
     loop = tornado.ioloop.IOLoop.current()
     tally = _Tally(spec["n"], spec["broker_pid"])
+    watch = _FinishWatch(spec, spec["stall_timeout"])
     deadline = time.monotonic() + spec["timeout"]
     state: dict[str, Any] = {"error": None}
 
-    def stop_when_finished() -> None:
-        # The FINs are written by the IOLoop: keep it running until nsqd has them all.
-        try:
-            ch = common.channel_stats(spec["http"], spec["topic"], CHANNEL) or {}
-        except OSError:
-            ch = {}
-        if ch.get("depth") == 0 and ch.get("in_flight_count") == 0:
-            reader.close()
-            loop.stop()
-        elif time.monotonic() > deadline:
-            state["error"] = f"nsqd still has messages in flight: {ch}"
-            loop.stop()
-        else:
-            loop.call_later(0.05, stop_when_finished)
+    def all_finished() -> None:  # on the IOLoop, once the watch is done
+        state["error"] = watch.error()
+        reader.close()
+        loop.stop()
 
     def handler(message: Any) -> bool:
         if tally.tick():
-            loop.add_callback(stop_when_finished)
+            # The FINs are written by the IOLoop: it runs on until nsqd counts them all.
+            watch.start(then=lambda: loop.add_callback(all_finished))
         return True
 
     def watchdog() -> None:
@@ -181,10 +273,7 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
         if tally.done.is_set():
             return
         if now > deadline or tally.stalled(now, spec["stall_timeout"]):
-            state["error"] = (
-                f"received {tally.seen} of {spec['n']}, then nothing for "
-                f"{spec['stall_timeout']}s (or the {spec['timeout']}s limit passed)"
-            )
+            state["error"] = tally.stall_error(spec)
             loop.stop()
         else:
             loop.call_later(1.0, watchdog)
@@ -199,7 +288,7 @@ def run_pynsq(spec: dict[str, Any]) -> dict[str, Any]:
     loop.call_later(1.0, watchdog)
     with common.maybe_profile(spec):
         loop.start()
-    result = tally.result()
+    result = tally.result(watch)
     if state["error"]:
         result["error"] = state["error"]
     return result
@@ -227,6 +316,7 @@ def run_gnsq(spec: dict[str, Any]) -> dict[str, Any]:
         tally.tick()
 
     error = None
+    watch = _FinishWatch(spec, spec["stall_timeout"])
     with common.maybe_profile(spec):
         consumer.start(block=False)
         deadline = time.monotonic() + spec["timeout"]
@@ -234,24 +324,76 @@ def run_gnsq(spec: dict[str, Any]) -> dict[str, Any]:
             gevent.sleep(0.1)
             now = time.monotonic()
             if now > deadline or tally.stalled(now, spec["stall_timeout"]):
-                error = (
-                    f"received {tally.seen} of {spec['n']}, then nothing for "
-                    f"{spec['stall_timeout']}s (or the {spec['timeout']}s limit passed)"
-                )
+                error = tally.stall_error(spec)
                 break
-        # the FINs are written by gnsq's greenlets: keep the hub running until nsqd has them
-        while error is None:
-            ch = common.channel_stats(spec["http"], spec["topic"], CHANNEL) or {}
-            if ch.get("depth") == 0 and ch.get("in_flight_count") == 0:
-                break
-            if time.monotonic() > deadline:
-                error = f"nsqd still has messages in flight: {ch}"
-            gevent.sleep(0.05)
+        if error is None:
+            # the FINs are written by gnsq's greenlets: the hub runs on until nsqd has them
+            # (gnsq does not monkey-patch: the watch is an OS thread)
+            watch.start()
+            while not watch.done.is_set():
+                gevent.sleep(0.001)
+            error = watch.error()
         consumer.close()
         consumer.join(10.0)
-    result = tally.result()
+    result = tally.result(watch)
     if error:
         result["error"] = error
+    return result
+
+
+def run_nsq_py(spec: dict[str, Any]) -> dict[str, Any]:
+    """nsq-py's Reader in its own virtualenv: ``for message in reader: message.fin()``, one
+    select() loop in the calling thread that reads, answers heartbeats, sends RDY and writes
+    the queued FINs (its connection checker is a second thread, idle here)."""
+    import logging
+    import os
+
+    import nsq
+    from nsq.reader import Reader
+    from nsq.response import Message
+
+    if getattr(nsq, "__version__", None) != spec["nsq_py_version"]:
+        return {"error": f"nsq is {nsq.__file__} {getattr(nsq, '__version__', '?')}, not nsq-py"}
+    logging.getLogger("nsq").setLevel(logging.WARNING)  # it logs every RDY at INFO on stderr
+    tally = _Tally(spec["n"], spec["broker_pid"])
+    watch = _FinishWatch(spec, spec["stall_timeout"])
+    deadline = time.monotonic() + spec["timeout"]
+
+    def watchdog() -> None:
+        # The Reader's loop never returns while no message comes: end the process from here.
+        while not tally.done.wait(1.0):
+            now = time.monotonic()
+            if now > deadline or tally.stalled(now, spec["stall_timeout"]):
+                common.emit_result({**tally.result(), "error": tally.stall_error(spec)})
+                os._exit(0)
+
+    threading.Thread(target=watchdog, name="bench-watchdog", daemon=True).start()
+    # nsq-py 0.1.12 sends SUB's topic and channel as they are given: bytes
+    reader = Reader(
+        spec["topic"].encode(),
+        CHANNEL.encode(),
+        nsqd_tcp_addresses=[spec["tcp"]],
+        max_in_flight=spec["max_in_flight"],
+    )
+    extra = 0
+    with common.maybe_profile(spec):
+        for message in reader:
+            message.fin()
+            if tally.tick():
+                break  # closes the generator: its connection checker stops
+        # The FINs queued since the last select() are written by the next Reader.read(): it
+        # runs on (each call waits up to 0.1 s in select()) until nsqd counts them all.
+        watch.start()
+        while not watch.done.is_set():
+            extra += sum(1 for r in reader.read() if isinstance(r, Message))
+    # Client.close() is map(self.remove, ...): lazy under Python 3, it closes nothing
+    for conn in reader.connections():
+        conn.close()
+    result = tally.result(watch)
+    if extra:
+        result["error"] = f"{extra} messages more than the {spec['n']} of the channel"
+    elif watch.error():
+        result["error"] = watch.error()
     return result
 
 
@@ -261,6 +403,7 @@ def child_main(spec: dict[str, Any]) -> None:
         "nsqclient": run_nsqclient,
         "pynsq": run_pynsq,
         "gnsq": run_gnsq,
+        common.NSQ_PY: run_nsq_py,
     }[spec["client"]]
     common.emit_result(run(spec))
 
@@ -273,9 +416,11 @@ class Config:
     """One consumer configuration: its label, the client, handler threads, how many nsqd."""
 
     name: str
-    client: str  # nsqclient, pynsq, gnsq, bench_reader
+    client: str  # nsqclient, pynsq, gnsq, nsq-py, bench_reader
     concurrency: int = 1
     nodes: int = 1
+    #: the interpreter of the child when not this one (nsq-py's virtualenv)
+    python: str | None = None
 
 
 def measure(
@@ -297,6 +442,7 @@ def measure(
         "tcp": nodes[0].tcp_address,
         "tcp_list": [node.tcp_address for node in nodes],
         "http": nodes[0].http_address,
+        "http_list": [node.http_address for node in nodes],
         "topic": topic,
         "n": n,
         "broker_pid": broker.pid,
@@ -335,9 +481,10 @@ def measure(
         "max_in_flight": args.max_in_flight,
         "timeout": args.child_timeout - 60.0,
         "stall_timeout": args.stall_timeout,
+        "nsq_py_version": common.NSQ_PY_VERSION,
         **common.profile_spec(args, config.client),
     }
-    result = common.run_child(__file__, spec, timeout=args.child_timeout)
+    result = common.run_child(__file__, spec, timeout=args.child_timeout, python=config.python)
     problems = []
     if result["received"] != n:
         problems.append(f"handler ran {result['received']} times")
@@ -367,9 +514,14 @@ def measure(
     rate = (timed - 1) / result["seconds"] if result["seconds"] > 0 else None
     result["rate"] = rate
     result["us_per_msg"] = result["cpu"] / timed * 1e6
+    to_end = result.get("to_end_seconds")
+    result["end_rate"] = (n - 1) / to_end if to_end else None
     print(
         f"  {label:22} {timed:>9,} msgs in {result['seconds']:7.2f}s = {rate:>9,.0f} msg/s, "
-        f"{common.describe_cpu(result, timed)}; nsqd: all {n:,} finished, none requeued",
+        f"{common.describe_cpu(result, timed)}; to the end (nsqd's {n:,}-th FIN): "
+        f"{to_end or 0:.2f}s = {result['end_rate'] or 0:,.0f} msg/s (nsqd had "
+        f"{result.get('finished_at_last_call') or 0:,} FINs at the N-th call); nsqd: all "
+        f"{n:,} finished, none requeued",
         file=sys.stderr,
     )
     return result
@@ -465,6 +617,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "one more nsqclient run (concurrency 1) of this many messages for the resident memory "
         "growth, run once after the repeats; 0: none",
     )
+    common.add_peer_venv_argument(parser)
     common.add_run_arguments(parser)
     common.add_stall_timeout_argument(parser, "a consumer that receives")
     args = parser.parse_args(argv)
@@ -515,12 +668,112 @@ def plan(args: argparse.Namespace, broker: common.Broker) -> tuple[list[Config],
             skipped.append(f"gnsq: {problem}")
         else:
             configs.append(Config("gnsq", "gnsq"))
+    if common.NSQ_PY in wanted:
+        python, problem = common.nsq_py_python(args)
+        if python is None:
+            skipped.append(f"{common.NSQ_PY} {common.NSQ_PY_VERSION}: {problem}")
+        else:
+            configs.append(Config(common.NSQ_PY, common.NSQ_PY, python=python))
     if "bench_reader" in wanted:
         if common.go_tool(args, "bench_reader"):
             configs.append(Config("bench_reader", "bench_reader"))
         else:
             skipped.append("go-nsq bench_reader: not in NSQ_BIN_DIR / --bin-dir")
     return configs, skipped
+
+
+def _end_rate(results: list[dict[str, Any]]) -> float | None:
+    """The best to-the-end rate of a configuration's runs (None: none has one)."""
+    return max((r["end_rate"] for r in results if r.get("end_rate")), default=None)
+
+
+def print_to_end(
+    args: argparse.Namespace,
+    runs: dict[str, list[dict[str, Any]]],
+    best: dict[str, dict[str, Any]],
+) -> None:
+    """Every configuration's rate at 99% of N and to the end (nsqd's N-th FIN), each the best
+    of the runs, against nsq-py's; then issue 35's targets for the handler."""
+    print()
+    print(
+        f"every client: the rate to 99% of N (the table above) and to the end, i.e. until "
+        f"nsqd's finish count reaches N = {args.messages:,} (each the best of the runs)"
+    )
+    print()
+    ends = {name: _end_rate(results) for name, results in runs.items()}
+    nq = best.get(common.NSQ_PY)
+    nq_end = ends.get(common.NSQ_PY)
+    rows = []
+    for name, r in best.items():
+        end = ends.get(name)
+        rows.append(
+            [
+                name,
+                common.rate_cell(r),
+                "n/a (*)" if name == "bench_reader" else f"{common.fmt_rate(end)}/s",
+                common.fmt_x(common.ratio(end, r["rate"])),
+                common.fmt_x(common.ratio(r["rate"], nq["rate"] if nq else None)),
+                common.fmt_x(common.ratio(end, nq_end)),
+            ]
+        )
+    headers = [
+        "client",
+        "@99%: msg/s (CPU us/msg)",
+        "to the end: msg/s",
+        "end / @99%",
+        f"x {common.NSQ_PY} @99%",
+        f"x {common.NSQ_PY} to the end",
+    ]
+    print(common.markdown_table(headers, rows))
+    if "bench_reader" in best:
+        print(
+            "\n(*) bench_reader reads for --go-runfor seconds and buffers its FINs until it "
+            "exits: its rate is its own, over a channel it does not empty"
+        )
+    c1, c4, go = best.get("nsqclient c1"), best.get("nsqclient c4"), best.get("bench_reader")
+    if c1 is None:
+        return
+    c1_end = ends.get("nsqclient c1")
+    targets = []
+    if nq is not None:
+        r = common.ratio(c1_end, nq_end)
+        targets.append(
+            [
+                "handler c1 to the end vs nsq-py's",
+                common.fmt_x(r),
+                ">= 1.0x",
+                common.target_check(r, 1.0),
+            ]
+        )
+        r = common.ratio(c1["us_per_msg"], nq["us_per_msg"])
+        targets.append(
+            [
+                "handler c1 CPU us/msg vs nsq-py's",
+                f"{c1['us_per_msg']:.2f} / {nq['us_per_msg']:.2f} = {common.fmt_x(r)}",
+                "<= 1.0x",
+                common.target_check(r, 1.0, at_most=True),
+            ]
+        )
+    if go is not None:
+        r = common.ratio(c1_end, go["rate"])
+        targets.append(
+            [
+                "handler c1 to the end vs bench_reader",
+                common.fmt_x(r),
+                ">= 0.6x",
+                common.target_check(r, 0.6),
+            ]
+        )
+    if c4 is not None:
+        r = common.ratio(ends.get("nsqclient c4"), c1_end)
+        targets.append(
+            ["handler c4 to the end vs c1", common.fmt_x(r), ">= 1.0x", common.target_check(r, 1.0)]
+        )
+    if targets:
+        print()
+        print("issue 35's targets for the handler (one run's ratios)")
+        print()
+        print(common.markdown_table(["target", "measured", "wanted", "met"], targets))
 
 
 def main(argv: list[str]) -> int:
@@ -563,22 +816,27 @@ def main(argv: list[str]) -> int:
     )
     cell = common.rate_cell
     py, gn, go = best.get("pynsq"), best.get("gnsq"), best.get("bench_reader")
+    nq = best.get(common.NSQ_PY)
     rows = []
     for c, target in ((1, 8.0), (4, 6.0)):
         ours = best.get(f"nsqclient c{c}")
         if ours is None:
             continue
         r = common.ratio(ours["rate"], py["rate"] if py else None)
+        against = ", ".join(
+            f"{common.fmt_x(common.ratio(ours['rate'], peer['rate']))} {name}"
+            for name, peer in (("gnsq", gn), (common.NSQ_PY, nq), ("Go", go))
+            if peer
+        )
         rows.append(
             [
                 f"consume, concurrency {c}",
                 cell(ours),
                 cell(py),
                 cell(gn),
+                cell(nq),
                 cell(go),
-                f"{common.fmt_x(r)} pynsq"
-                + (f", {common.fmt_x(common.ratio(ours['rate'], gn['rate']))} gnsq" if gn else "")
-                + (f", {common.fmt_x(common.ratio(ours['rate'], go['rate']))} Go" if go else ""),
+                f"{common.fmt_x(r)} pynsq" + (f", {against}" if against else ""),
                 f">= {target:.0f}x pynsq",
                 common.target_check(r, target),
             ]
@@ -594,6 +852,7 @@ def main(argv: list[str]) -> int:
                 "-",
                 "-",
                 "-",
+                "-",
                 f"{common.fmt_x(r)} of one nsqd",
                 ">= 1x",
                 common.target_check(r, 1.0),
@@ -602,6 +861,7 @@ def main(argv: list[str]) -> int:
     headers = common.comparison_headers("go-nsq bench_reader", "ratio", "target", "met")
     print(common.markdown_table(headers, rows))
     common.print_not_measured(skipped, report=True)
+    print_to_end(args, runs, best)
     print()
     print("resident memory of the consumer process, MiB (VmRSS; peak = VmHWM; best runs)")
     print()

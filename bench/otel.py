@@ -16,7 +16,10 @@ moved by the machine's other work than the best of each).  Each run also prints 
 time spent in the garbage collector.  With ``--unsampled`` two more runs: instrumented with a
 sampler that samples nothing, and its floor (the same SDK calls, the span unsampled).  With
 ``--hooks`` a run with a no-op observer registered shows the clients' own share of the cost
-(telling the events).
+(telling the events); with ``--in-clients`` a run with an observer that makes the floor's own
+SDK calls, and nothing of nsqclient.otel, per publish and per handled message shows what those
+same calls cost inside the clients' process, beside nsqd and the clients' threads.  The
+consume window starts from a collected heap without the publish case's Futures.
 
     NSQ_BIN_DIR=/opt/nsq-bin .venv/bin/python bench/otel.py --messages 100000
 """
@@ -77,17 +80,13 @@ def _providers(sampled: bool = True) -> tuple[Any, Any]:
     return tracer_provider, MeterProvider(metric_readers=[InMemoryMetricReader()])
 
 
-def _floor(spec: dict[str, Any], sampled: bool) -> dict[str, Any]:
-    """The SDK alone, per message: the span nsqclient.otel makes (same name, kind and
-    attributes; sampled or not), a counter add and a histogram record, as the publish and
-    the consume side each make them."""
+def _floor_cases(spec: dict[str, Any], tracer: Any, meter: Any) -> dict[str, tuple[Any, ...]]:
+    """Per case (``pub``, ``sub``): the span's name, kind and attributes, the metric
+    attributes, the counter and the histogram of the floor."""
     from opentelemetry.trace import SpanKind
 
     from nsqclient.otel import names as n
 
-    tracer_provider, meter_provider = _providers(sampled)
-    tracer = tracer_provider.get_tracer("nsqclient")
-    meter = meter_provider.get_meter("nsqclient")
     host, _, port = spec["nsqd"].rpartition(":")
     topic = spec["topic"]
     cases = {}
@@ -129,6 +128,18 @@ def _floor(spec: dict[str, Any], sampled: bool) -> dict[str, Any]:
         meter.create_counter(n.CONSUMED_MESSAGES),
         meter.create_histogram(n.PROCESS_DURATION, unit="s"),
     )
+    return cases
+
+
+def _floor(spec: dict[str, Any], sampled: bool) -> dict[str, Any]:
+    """The SDK alone, per message: the span nsqclient.otel makes (same name, kind and
+    attributes; sampled or not), a counter add and a histogram record, as the publish and
+    the consume side each make them."""
+    tracer_provider, meter_provider = _providers(sampled)
+    cases = _floor_cases(
+        spec, tracer_provider.get_tracer("nsqclient"), meter_provider.get_meter("nsqclient")
+    )
+    tracer = tracer_provider.get_tracer("nsqclient")
     result: dict[str, Any] = {"consumed": spec["messages"]}
     clock = GcClock()
     for case, (name, kind, span_attributes, attributes, counter, histogram) in cases.items():
@@ -167,6 +178,9 @@ def child_main(spec: dict[str, Any]) -> None:
         from nsqclient import observe
 
         observe.add_observer(observe.Observer())  # every event told, to no-ops
+    elif mode == "sdk-hooks":
+        providers = _providers(sampled=True)
+        _add_floor_observer(spec, *providers)
     elif mode != "off":
         from nsqclient.otel import NSQInstrumentor
 
@@ -176,8 +190,9 @@ def child_main(spec: dict[str, Any]) -> None:
 
     def settled() -> None:
         """Inside the timed window: every span ended and exported (off: nothing to do)."""
-        if instrumentor is not None and providers is not None:
+        if instrumentor is not None:
             instrumentor.observer.flush(60)  # the async publishes' spans, on nsq-otel
+        if providers is not None:
             providers[0].force_flush()
 
     n, topic, tcp = spec["messages"], spec["topic"], spec["nsqd"]
@@ -195,6 +210,11 @@ def child_main(spec: dict[str, Any]) -> None:
         result["pub_seconds"] = time.perf_counter() - start
         result["pub_cpu"] = common.cpu_seconds() - cpu
         _gc_result(result, "pub", gc_before, clock.read())
+        # The publish case's Futures are not the consume case's: held on, they would be part
+        # of the heap every full collection of the consume window goes over (100,000 Futures
+        # and what their done callbacks keep: a million objects instrumented).
+        del futures
+    gc.collect()  # (outside the clock: the consume window starts from a collected heap)
     count = 0
     done = threading.Event()
     lock = threading.Lock()
@@ -223,6 +243,34 @@ def child_main(spec: dict[str, Any]) -> None:
     common.emit_result(result)
 
 
+def _add_floor_observer(spec: dict[str, Any], tracer_provider: Any, meter_provider: Any) -> None:
+    """``--in-clients``: an observer making the floor's SDK calls (no nsqclient.otel) where
+    the clients tell a publish and a handled message: the same calls, made in a client's
+    process while nsqd and its threads run."""
+    from nsqclient import observe
+
+    cases = _floor_cases(
+        spec, tracer_provider.get_tracer("nsqclient"), meter_provider.get_meter("nsqclient")
+    )
+    start_span = tracer_provider.get_tracer("nsqclient").start_span
+
+    def calls(case: str) -> Any:
+        name, kind, span_attributes, attributes, counter, histogram = cases[case]
+
+        def make(*args: Any) -> None:
+            start_span(name, kind=kind, attributes=span_attributes).end()
+            counter.add(1, attributes)
+            histogram.record(0.001, attributes)
+
+        return make
+
+    class FloorObserver(observe.Observer):
+        publish_started = calls("pub")
+        handler_started = calls("sub")
+
+    observe.add_observer(FloorObserver())
+
+
 def main(argv: list[str]) -> int:
     if common.run_as_child(argv, child_main):
         return 0
@@ -238,8 +286,19 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="also run with a no-op observer registered: the clients' own share of the cost",
     )
+    parser.add_argument(
+        "--in-clients",
+        action="store_true",
+        help="also run with an observer making the floor's SDK calls (no nsqclient.otel) per "
+        "publish and handled message: what those calls cost inside the clients' process",
+    )
     args = parser.parse_args(argv)
-    modes = MODES + (UNSAMPLED if args.unsampled else ()) + (("hooks",) if args.hooks else ())
+    modes = (
+        MODES
+        + (UNSAMPLED if args.unsampled else ())
+        + (("hooks",) if args.hooks else ())
+        + (("sdk-hooks",) if args.in_clients else ())
+    )
     best: dict[str, dict[str, float]] = {m: {} for m in modes}
     #: per round, each mode's CPU us/msg per case (for the ratios of one round's runs)
     rounds: list[dict[str, dict[str, float]]] = []
@@ -327,6 +386,34 @@ def main(argv: list[str]) -> int:
                 ]
                 for case, what in (("pub", "pub_async"), ("sub", "consume (handler + FIN)"))
             ],
+        )
+    if args.in_clients:
+        print()
+        rows = []
+        for case, what in (("pub", "pub_async"), ("sub", "consume (handler + FIN)")):
+            off = best["off"][f"{case}_cpu_us"]
+            inside = best["sdk-hooks"][f"{case}_cpu_us"] - off
+            cost = best["on"][f"{case}_cpu_us"] - off
+            rows.append(
+                [
+                    what,
+                    f"{best['floor'][f'{case}_cpu_us']:.1f}",
+                    f"{inside:.1f}",
+                    f"{inside / best['floor'][f'{case}_cpu_us']:.2f}x",
+                    f"{cost:.1f}",
+                    f"{cost / inside:.2f}x",
+                ]
+            )
+        common.print_table(
+            [
+                "case",
+                "SDK floor us/msg",
+                "its calls in the clients us/msg",
+                "/ floor",
+                "nsqclient.otel cost us/msg",
+                "cost / those calls",
+            ],
+            rows,
         )
     return 0
 

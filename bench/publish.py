@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Publish throughput: nsqclient's Producer against pynsq's Writer on the same nsqd.
+"""Publish throughput: nsqclient's Producer against pynsq's Writer, gnsq's Producer and nsq-py's
+Client on the same nsqd.
 
 Cases (200-byte messages, a fresh topic for every client and case):
 
@@ -8,7 +9,9 @@ Cases (200-byte messages, a fresh topic for every client and case):
                  ``Writer.pub`` with callbacks from one IOLoop callback; gnsq: N
                  ``publish(raise_error=False)`` then every ``AsyncResult.get()``);
 * ``pub x1``     one publisher, each publish waits for nsqd's OK before the next; the
-                 latency of every publish is kept (p50/p99);
+                 latency of every publish is kept (p50/p99) (nsq-py: ``Client.pub``, which
+                 waits so itself; it is in this case and ``mpub x200`` only, having no
+                 pipelined publish and no Client for several threads);
 * ``pub x8``     eight publishers at once (nsqclient: 8 threads sharing one Producer; pynsq:
                  8 chains of callbacks on one IOLoop, i.e. 8 PUBs outstanding at a time;
                  gnsq: 8 greenlets);
@@ -35,7 +38,8 @@ what is possible at all on this machine and broker:
   caller-side reading or validation: the floor under a client whose ``pub()`` blocks in the
   calling thread.
 
-Each client runs in its own subprocess.  The rate is messages acknowledged per second, from the
+Each client runs in its own subprocess (nsq-py's from a virtualenv of its own, ``--peer-venvs``:
+its package is ``nsq``, as pynsq's is).  The rate is messages acknowledged per second, from the
 first publish to the last OK, with the connection already made; afterwards the parent checks
 that nsqd's ``/stats`` counts exactly the messages published.
 
@@ -66,13 +70,15 @@ CASES = {
     "mpub x200": (1, 200),
     MPUB_PER_CPU: (CPUS, 200),
 }
-CLIENTS = ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer")
-# which clients each case runs (the threaded floor has no pipelined form; bench_writer only MPUBs)
+NSQ_PY = common.NSQ_PY
+CLIENTS = ("nsqclient", "pynsq", "gnsq", NSQ_PY, "socket", "threads", "bench_writer")
+# which clients each case runs (the threaded floor has no pipelined form; bench_writer only MPUBs;
+# nsq-py publishes one command at a time from one thread: no pipelined form, no shared Client)
 CASE_CLIENTS = {
     "pipelined": ("nsqclient", "pynsq", "gnsq", "socket"),
-    "pub x1": ("nsqclient", "pynsq", "gnsq", "socket", "threads"),
+    "pub x1": ("nsqclient", "pynsq", "gnsq", NSQ_PY, "socket", "threads"),
     "pub x8": ("nsqclient", "pynsq", "gnsq", "socket", "threads"),
-    "mpub x200": ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer"),
+    "mpub x200": ("nsqclient", "pynsq", "gnsq", NSQ_PY, "socket", "threads", "bench_writer"),
     MPUB_PER_CPU: ("nsqclient", "pynsq", "gnsq", "socket", "threads", "bench_writer"),
 }
 SOCKET_PIPELINE_WINDOW = 1000  # the socket floor's commands in flight in the pipelined case
@@ -95,7 +101,7 @@ def run_nsqclient(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nsqclient_publish(spec: dict[str, Any]) -> dict[str, Any]:
-    from nsqclient.producer._producer import Producer
+    from nsqclient.producer import Producer
 
     body = common.message_body(spec["size"])
     topic, n, publishers, batch = spec["topic"], spec["n"], spec["publishers"], spec["batch"]
@@ -352,6 +358,61 @@ def run_gnsq(spec: dict[str, Any]) -> dict[str, Any]:
     return {**window.as_dict(), "published": n, **extra}
 
 
+def run_nsq_py(spec: dict[str, Any]) -> dict[str, Any]:
+    """nsq-py's Client, in its own virtualenv: ``pub(topic, body)`` and ``mpub(topic, *bodies)``
+    queue the command and run the client's select() loop until an answer comes, so each waits
+    for its OK.  nsq-py has no pipelined publish, and a Client is not for several threads at
+    once (an answer goes to whichever caller's loop reads it): one publisher only."""
+    import logging
+
+    import nsq
+    from nsq.client import Client
+    from nsq.response import Error
+
+    if getattr(nsq, "__version__", None) != spec["nsq_py_version"]:
+        return {"error": f"nsq is {nsq.__file__} {getattr(nsq, '__version__', '?')}, not nsq-py"}
+    logging.getLogger("nsq").setLevel(logging.WARNING)
+    body = common.message_body(spec["size"])
+    # nsq-py 0.1.12 puts the topic into the command as it is given: bytes
+    topic, n, publishers, batch = (
+        spec["topic"].encode(),
+        spec["n"],
+        spec["publishers"],
+        spec["batch"],
+    )
+    if publishers != 1:
+        return {"error": f"{NSQ_PY}: one publisher only, not {publishers}"}
+
+    def checked(answers: list[Any]) -> None:
+        if not answers or isinstance(answers[0], Error) or answers[0].data != b"OK":
+            raise RuntimeError(f"publish answered {[str(a) for a in answers]}")
+
+    def pub(topic: bytes, body: bytes) -> None:
+        checked(client.pub(topic, body))
+
+    client = Client(nsqd_tcp_addresses=[spec["tcp"]])  # connects here
+    window = common.CpuWindow(spec["broker_pid"])
+    extra: dict[str, Any] = {}
+    try:
+        with common.maybe_profile(spec):
+            pub(topic + b"_warmup", body)
+            if batch > 1:
+                batches = _share_batches(n, batch, body)
+                window.start()
+                for bodies in batches:
+                    checked(client.mpub(topic, *bodies))
+            else:
+                extra = _one_at_a_time(window, n, pub, topic, body)  # type: ignore[arg-type]
+            window.stop()
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    finally:
+        # Client.close() is map(self.remove, ...): lazy under Python 3, it closes nothing
+        for conn in client.connections():
+            conn.close()
+    return {**window.as_dict(), "published": n, **extra}
+
+
 def run_socket(spec: dict[str, Any]) -> dict[str, Any]:
     """The floor: one thread, one blocking socket, ``publishers`` commands in flight."""
     import socket
@@ -542,6 +603,7 @@ def child_main(spec: dict[str, Any]) -> None:
         "socket": run_socket,
         "threads": run_threads,
         "gnsq": run_gnsq,
+        NSQ_PY: run_nsq_py,
     }[spec["client"]]
     common.emit_result(run(spec))
 
@@ -560,9 +622,14 @@ def case_messages(args: argparse.Namespace, case: str) -> int:
 
 
 def measure(
-    args: argparse.Namespace, broker: common.Broker, case: str, client: str
+    args: argparse.Namespace,
+    broker: common.Broker,
+    case: str,
+    client: str,
+    python: str | None = None,
 ) -> dict[str, Any]:
-    """One client, one case, in a child; nsqd's /stats must count every message."""
+    """One client, one case, in a child (run by ``python``, a peer's virtualenv, when given);
+    nsqd's /stats must count every message."""
     if client == "bench_writer":
         return measure_bench_writer(args, broker, case)
     publishers, batch = CASES.get(case, (0, 1))  # "memory": pub_async, windowed
@@ -579,10 +646,11 @@ def measure(
         "batch": batch,
         "size": args.size,
         "memory": memory,
+        "nsq_py_version": common.NSQ_PY_VERSION,
         **common.profile_spec(args, client),
         "broker_pid": broker.pid,
     }
-    result = common.run_child(__file__, spec, timeout=args.child_timeout)
+    result = common.run_child(__file__, spec, timeout=args.child_timeout, python=python)
     counted = common.wait_for(
         f"nsqd to count {n} messages on {topic}",
         lambda: common.topic_message_count(broker.http_address, topic),
@@ -664,6 +732,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     common.add_size_argument(parser)
     common.add_cases_argument(parser, CASES, f"comma-separated subset of {list(CASES)}")
     common.add_clients_argument(parser, CLIENTS, "bench_writer")
+    common.add_peer_venv_argument(parser)
     common.add_run_arguments(parser)
     args = parser.parse_args(argv)
     common.apply_quick(args, messages=500, pipelined_messages=2000, mpub_messages=4000)
@@ -702,6 +771,14 @@ def main(argv: list[str]) -> int:
     if "bench_writer" in clients and not common.go_tool(args, "bench_writer"):
         clients.remove("bench_writer")
         skipped.append("go-nsq bench_writer: not in NSQ_BIN_DIR / --bin-dir")
+    pythons: dict[str, str] = {}
+    if NSQ_PY in clients and {"pub x1", "mpub x200"} & set(args.case_list):
+        python, problem = common.nsq_py_python(args)
+        if python is None:
+            clients.remove(NSQ_PY)
+            skipped.append(f"{NSQ_PY} {common.NSQ_PY_VERSION}: {problem}")
+        else:
+            pythons[NSQ_PY] = python
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     mem_queue = args.mem_queue_size or (
         max(args.messages, args.pipelined_messages, args.mpub_messages, args.rss_messages) + 1000
@@ -720,7 +797,7 @@ def main(argv: list[str]) -> int:
                 for client in CASE_CLIENTS[case]:
                     if client in clients:
                         runs.setdefault((case, client), []).append(
-                            measure(args, broker, case, client)
+                            measure(args, broker, case, client, pythons.get(client))
                         )
         memory = None
         if args.rss_messages and "nsqclient" in clients:
@@ -742,7 +819,7 @@ def main(argv: list[str]) -> int:
         case: str, label: str, cell: Any, tool: str, compared: str, target: str, met: str
     ) -> list[str]:
         """A row of the table: ``cell`` of each client's best run of ``case``."""
-        clients = [cell(get(case, client)) for client in ("nsqclient", "pynsq", "gnsq")]
+        clients = [cell(get(case, client)) for client in ("nsqclient", "pynsq", "gnsq", NSQ_PY)]
         floor = f"socket {cell(get(case, 'socket'))}"
         return [label, *clients, tool, floor, compared, target, met]
 
@@ -789,13 +866,14 @@ def main(argv: list[str]) -> int:
             )
         )
         r = common.ratio(rate("pub x1", "nsqclient"), rate("pub x1", "pynsq"))
+        rn = common.ratio(rate("pub x1", "nsqclient"), rate("pub x1", NSQ_PY))
         rows.append(
             row(
                 "pub x1",
                 "one blocking pub() at a time: rate",
                 cell,
                 "-",
-                f"{common.fmt_x(r)} pynsq",
+                f"{common.fmt_x(r)} pynsq, {common.fmt_x(rn)} {NSQ_PY}",
                 "-",
                 "-",
             )
@@ -822,13 +900,15 @@ def main(argv: list[str]) -> int:
             continue
         r = common.ratio(rate(case, "nsqclient"), rate(case, "bench_writer"))
         rp = common.ratio(rate(case, "nsqclient"), rate(case, "pynsq"))
+        rn = common.ratio(rate(case, "nsqclient"), rate(case, NSQ_PY))
         rows.append(
             row(
                 case,
                 label,
                 cell,
                 "bench_writer " + cell(get(case, "bench_writer")),
-                f"{common.fmt_x(r)} bench_writer, {common.fmt_x(rp)} pynsq",
+                f"{common.fmt_x(r)} bench_writer, {common.fmt_x(rp)} pynsq"
+                + (f", {common.fmt_x(rn)} {NSQ_PY}" if NSQ_PY in CASE_CLIENTS[case] else ""),
                 ">= 0.85x bench_writer",
                 common.target_check(r, 0.85),
             )

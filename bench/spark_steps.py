@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
 
     import pyarrow as pa
 
-    from nsqclient.consumer._batch import MessageBatch, Origin
+    from nsqclient.consumer import MessageBatch, Origin
     from nsqclient.message import Message
     from nsqclient.protocol import FrameReader, MessageRun, decode_message_at
     from nsqclient.spark.frames import frames_of, to_rows

@@ -47,6 +47,7 @@ nitpick_ignore = [
         "Exception",
         "TimeoutError",
         "ValueError",
+        "argparse.ArgumentTypeError",
         "NamedTuple",
     )
 ]

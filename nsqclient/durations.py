@@ -5,8 +5,8 @@ A duration is a plain number of seconds (``"60"``, ``"0.5"``) or a Go duration a
 accept only the second form (and ``"0"``); taking both means a flag reads the same in
 ``nsqclient``, ``nsqclient-nsqd`` and ``python -m nsqclient.testing``.
 
-This module imports nothing of ours, so that the embedded servers (:mod:`nsqclient.testing`),
-which must not depend on the client, can share it with :mod:`nsqclient.cli.common`.
+This module imports nothing of ours, so that the embedded servers (``nsqclient.testing``),
+which must not depend on the client, can share it with the command-line tools.
 """
 
 from __future__ import annotations

@@ -8,15 +8,18 @@ import threading
 import time
 from typing import Any, Protocol
 
-from .protocol import DecodedMessage
+from .protocol import MESSAGE_HEADER, DecodedMessage
 
-__all__ = ["Message", "MessageResponder", "RequeueMessage", "claim_all"]
+__all__ = ["Message", "MessageResponder", "RequeueMessage", "answer_lock", "claim_all"]
 
 logger = logging.getLogger("nsqclient.message")
 
-# Guards every message's answered flag: held for two attribute operations, so one lock for all
-# messages costs less than one lock per message.
-_claim_lock = threading.Lock()
+#: The lock that guards every message's answered flag (one for all messages, held for two
+#: attribute operations, costs less than one per message).  Whoever claims a message's answer
+#: sets ``message._responded`` under it (``Message._claim``, ``claim_all``, a Consumer's
+#: worker).
+answer_lock = threading.Lock()
+_claim_lock = answer_lock
 
 
 def claim_all(messages: list[Message], what: str) -> list[Message]:
@@ -171,6 +174,41 @@ class Message:
         self._responded = False
         self._async = False
         return self
+
+    @classmethod
+    def _run(
+        cls,
+        buffer: bytes,
+        starts: list[int],
+        ends: list[int],
+        responder: MessageResponder,
+        conn: Any,
+        received_at: float,
+    ) -> list[Message]:
+        """The messages of a run of classic NSQ message frames (``buffer[starts[i]:ends[i]]``,
+        see :class:`~nsqclient.protocol.MessageRun`), as a Consumer builds them on a reader
+        thread: each decoded straight into its Message, with no tuple in between and no
+        youzan field to read (this runs once per message received)."""
+        new = cls.__new__
+        unpack = MESSAGE_HEADER.unpack_from
+        body_at = MESSAGE_HEADER.size
+        address, partition = conn.address, conn.partition
+        out: list[Message] = []
+        append = out.append
+        for start, end in zip(starts, ends, strict=True):
+            self = new(cls)
+            self.timestamp, self.attempts, self.id = unpack(buffer, start)
+            self.body = buffer[start + body_at : end]
+            self.internal_id = self.trace_id = self.offset = self.raw_size = None
+            self.ext_version = self.ext_raw = self.ext = self.touched_at = None
+            self.nsqd_address = address
+            self.partition = partition
+            self.received_at = received_at
+            self._responder = responder
+            self._conn = conn
+            self._responded = self._async = False
+            append(self)
+        return out
 
     @property
     def tag(self) -> str | None:

@@ -27,6 +27,7 @@ __all__ = [
     "CLOSE_WAIT",
     "DEFAULT_MAX_FRAME_SIZE",
     "LOOKUPD_BAD_PROTOCOL",
+    "MESSAGE_HEADER",
     "Body",
     "Frame",
     "MessageRun",
@@ -87,6 +88,9 @@ OK_FRAME = _FRAME_HEAD.pack(4 + len(OK), FRAME_TYPE_RESPONSE) + OK
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 _MSG_HEADER = struct.Struct(">qH16s")  # timestamp ns, attempts, id
 _MSG_HEADER_SIZE = _MSG_HEADER.size  # 26
+#: The header of a message frame's data, ``[8B timestamp ns][2B attempts][16B id]``, a
+#: ``struct.Struct``; on classic NSQ the body follows it.
+MESSAGE_HEADER = _MSG_HEADER
 _MESSAGE_FRAME_MIN = 4 + _MSG_HEADER_SIZE  # a message frame's size: the type, then the header
 _TRACE_REPLY = struct.Struct(">2sQQQI")  # "OK", internal id, trace id, offset, raw size
 _ORDERED_PREFIX = struct.Struct(">QI")  # disk queue offset, raw size

@@ -1,7 +1,8 @@
 """Every thread a client starts is gone one second after its ``stop()``/``close()`` returns
 (issue 34), on every path: a normal stop, a fatal error's stop (``nsq-stop-on-error``), pull
 and columnar Consumers, a Producer closed while a background connect (``nsq-connect-<address>``)
-dials a blackholed address or while asynchronous publishes are in flight.  Against the
+dials a blackholed address, while asynchronous publishes are in flight, or while a publish by
+lookup waits for its retry (``nsq-pub-retry-<topic>``).  Against the
 session's broker (embedded, or real binaries with NSQ_BIN_DIR); :func:`nsq_threads_gone` polls.
 """
 
@@ -10,14 +11,17 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import types
 from collections.abc import Iterator
 
 import pytest
 
 from nsqclient import Consumer, Producer
-from nsqclient.errors import NSQError, SubOrderIsMustError, UndeliveredError
+from nsqclient.config import Config
+from nsqclient.conn import Connection, _handshake
+from nsqclient.errors import ConnectionClosedError, NSQError, SubOrderIsMustError, UndeliveredError
 from nsqclient.testing import EmbeddedNSQ
-from nsqclient.testing.helpers import TIMEOUT, nsq_threads_gone, publish
+from nsqclient.testing.helpers import TIMEOUT, message_count, nsq_threads_gone, publish
 from nsqclient.testing.waiting import wait_for
 
 
@@ -129,6 +133,54 @@ def test_a_columnar_consumer_stopped_with_batches_unanswered_leaves_no_thread(ns
     nsq_threads_gone(before)
 
 
+def test_a_consumer_stopped_while_it_dials_a_blackhole_leaves_no_thread(nsqd, consumers, blackhole):
+    """A connect under way on ``nsq-connect-<key>`` (here one that would hang for its whole
+    dial_timeout): stop() aborts it and joins its thread, rather than wait the dial out."""
+    node = nsqd.nsqd
+    before = set(threading.enumerate())
+    consumer = consumers(
+        "t_dial",
+        "ch",
+        lambda m: None,
+        nsqd_tcp_addresses=[node.tcp_address, blackhole],
+        dial_timeout=30.0,
+    )
+    wait_for(lambda: alive(f"nsq-connect-{blackhole}"), TIMEOUT)
+    began = time.monotonic()
+    consumer.stop(timeout=2.0)
+    assert time.monotonic() - began < 2.0 + 1.0
+    nsq_threads_gone(before)
+
+
+def test_an_abort_that_lands_just_before_the_dial_begins_is_not_lost(monkeypatch):
+    """``abort_connect()`` (from stop() or close()) coming after the dial's socket was handed
+    over, but before its connect() started: shutting down a socket not yet connecting does
+    not stop the connect that follows (on Linux connect() then even returns at once, the
+    socket still in SYN_SENT).  The dial fails as aborted, rather than go on to a handshake
+    that blocks its ``nsq-connect-*`` thread until ``handshake_timeout``."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    conn = Connection(f"127.0.0.1:{port}", Config(dial_timeout=30.0, handshake_timeout=5.0))
+
+    class AbortedAsItConnects(socket.socket):
+        def connect(self, address: object) -> None:
+            conn.abort_connect()  # another thread's abort, at the worst moment
+            super().connect(address)
+
+    sockets = types.SimpleNamespace(**vars(socket))
+    sockets.socket = AbortedAsItConnects
+    monkeypatch.setattr(_handshake, "socket", sockets)
+    began = time.monotonic()
+    try:
+        with pytest.raises(ConnectionClosedError, match="was aborted"):
+            conn.connect()
+    finally:
+        listener.close()
+    assert time.monotonic() - began < 1.0
+
+
 @pytest.fixture
 def youzan():
     with EmbeddedNSQ(youzan=True, nsqd_count=1, lookupd_count=1) as cluster:
@@ -234,4 +286,53 @@ def test_a_producer_by_lookup_closed_while_it_may_still_ask_nsqd_its_limits(nsqd
         alive(f"nsq-limits-{nsqd.nsqd.tcp_address}") or producer.stats()["nsqd"][0]["max_msg_size"]
     )  # asking, or done asking
     producer.close(timeout=5.0)
+    nsq_threads_gone(before)
+
+
+def test_a_producer_by_lookup_closed_while_a_publish_waits_for_its_retry(nsqd):
+    """No lookupd answers: pub_async's publish is tried again on ``nsq-pub-retry-<topic>``
+    timers.  close() cancels the retry not due yet (its publish fails: nothing was sent) and
+    joins the timers before it returns."""
+    before = set(threading.enumerate())
+    nsqd.stop_lookupd()
+    producer = Producer(lookupd_http_addresses=[nsqd.lookupd.http_url], pub_timeout=30.0)
+    future = producer.pub_async("t_retry", b"never")
+    wait_for(lambda: alive("nsq-pub-retry-t_retry"), TIMEOUT)
+    with pytest.raises(UndeliveredError):
+        producer.close(timeout=0.0)
+    assert not alive("nsq-pub-retry-")  # joined by close(), not merely ended by now
+    nsq_threads_gone(before)
+    error = future.exception(0)
+    assert isinstance(error, ConnectionClosedError) and not error.maybe_processed
+    assert "closed while the publish waited to be tried again" in str(error)
+
+
+def test_a_retry_due_within_close_timeout_still_goes_out(nsqd):
+    """close() waits for publishes in flight, those waiting for a retry by lookup too: a
+    lookupd that answers again while close() waits lets the retry through."""
+    node = nsqd.nsqd
+    before = set(threading.enumerate())
+    nsqd.stall_lookupd()
+    producer = Producer(
+        lookupd_http_addresses=[nsqd.lookupd.http_url],
+        lookupd_request_timeout=0.2,
+        pub_timeout=TIMEOUT * 2,
+    )
+    future = producer.pub_async("t_retry_ok", b"later")
+    wait_for(lambda: alive("nsq-pub-retry-t_retry_ok"), TIMEOUT)
+    raised: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            producer.close(timeout=TIMEOUT)
+        except BaseException as exc:
+            raised.append(exc)
+
+    closer = threading.Thread(target=close, name="test-closer")
+    closer.start()
+    nsqd.unstall_lookupd()
+    closer.join(TIMEOUT * 2)
+    assert not closer.is_alive() and raised == []
+    assert future.result(0) == b"OK"
+    assert message_count(node, "t_retry_ok") == 1
     nsq_threads_gone(before)

@@ -14,9 +14,11 @@ Any thread may send:
   Future resolves with the response bytes, or fails with the typed error nsqd sent.  Responses
   are matched to requests in order (FIFO), which is how nsqd answers them.
 
-The reader answers heartbeats with NOP itself and hands messages and connection events to a
-delegate.  Delegate callbacks run on the reader thread and must not block; user code never runs
-there.
+Whichever thread reads (the reader thread, or a requester reading its own answer) answers
+heartbeats itself (a NOP, queued for the writer), completes the requests answered, and hands
+messages and connection events to a delegate.  Delegate callbacks run on that thread and must
+not block; no handler or hook of a Consumer runs there, but a request Future's done callbacks
+do (they run on the thread that completes the Future).
 """
 
 from __future__ import annotations
@@ -80,12 +82,14 @@ _CONNECTED = ConnectionState.CONNECTED  # (an Enum member read is ~10x a global'
 
 
 class ConnectionDelegate(Protocol):
-    """What a Connection tells its owner.  These methods run on the reader thread and must not
-    block.  A delegate may also have ``on_state_change(conn, old, new)`` (optional), called on
-    whichever thread moved the connection from one :class:`ConnectionState` to the next, and
-    ``on_messages(conn, messages)`` (optional), which takes every message of one socket read at
-    once, in order, instead of one ``on_message`` call each, or ``on_message_run(conn, run)``
-    (optional), which takes them undecoded (a :class:`~nsqclient.protocol.MessageRun`)."""
+    """What a Connection tells its owner.  These methods run on the thread reading the socket
+    (the reader thread; in caller-reads mode, possibly a requester reading its own answer)
+    and must not block.  A delegate may also have ``on_state_change(conn, old, new)``
+    (optional), called on whichever thread moved the connection from one
+    :class:`ConnectionState` to the next, and ``on_messages(conn, messages)`` (optional),
+    which takes every message of one socket read at once, in order, instead of one
+    ``on_message`` call each, or ``on_message_run(conn, run)`` (optional), which takes them
+    undecoded (a :class:`~nsqclient.protocol.MessageRun`)."""
 
     def on_message(self, conn: Connection, message: DecodedMessage) -> None: ...
 
@@ -124,13 +128,8 @@ class Connection:
         self.partition: int | None = None
         #: the consumer's name for this connection: the address, plus ``#partition``
         self.key = self.address
-        #: RDY last sent and messages in flight on this connection (kept by the consumer)
-        self.rdy = 0
-        self.in_flight = 0
-        #: of those in flight, how many wait for a handler worker (kept by the consumer)
-        self.queued = 0
+        #: when the last message frames were read (``time.monotonic()``)
         self.last_message_at = 0.0
-        self.last_rdy_at = 0.0
         self.close_reason: BaseException | None = None
         self._fatal_error: ServerError | None = None
         self._write_error: BaseException | None = None
@@ -140,6 +139,9 @@ class Connection:
         self.pid = os.getpid()
         self._transport: Transport | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        #: :meth:`send` without its check of the state: what is queued once the connection is
+        #: closed is dropped (a Consumer's FIN per message: nsqd sends that message again)
+        self.queue_command: Callable[[bytes], None] = self._queue.put
         #: requests awaiting nsqd's answer, oldest first (guarded by _lock)
         self._pending = Pending()
         self._lock = threading.Lock()
@@ -784,17 +786,14 @@ class Connection:
     # ---------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
-        """This connection's figures: ``address``, ``state``, ``rdy``, ``in_flight``,
-        ``queued`` (of those in flight, how many wait for a handler), ``messages_received``,
+        """This connection's figures: ``address``, ``state``, ``messages_received``,
         ``messages_sent``, ``pending_requests``, ``bytes_in``, ``bytes_out`` (raw socket bytes),
-        ``tls`` (version or None), ``compression`` and ``max_rdy_count``."""
+        ``tls`` (version or None), ``compression`` and ``max_rdy_count``.  (A Consumer's
+        ``stats()`` adds its flow-control counts: ``rdy``, ``in_flight``, ``queued``.)"""
         t = self._transport
         return {
             "address": self.address,
             "state": self.state.value,
-            "rdy": self.rdy,
-            "in_flight": self.in_flight,
-            "queued": self.queued,
             "messages_received": self.messages_received,
             "messages_sent": self.messages_sent,
             "pending_requests": self.pending_count(),

@@ -152,6 +152,10 @@ def _dial(
                 raise ConnectionClosedError(f"connecting to {address} was aborted")
             sock.settimeout(timeout)
             sock.connect(sockaddr)
+            if aborted.is_set():
+                # Shut down after the check above but before its connect began: that shutdown
+                # did not stop the connect, which may even have "succeeded" half-way (Linux).
+                raise ConnectionClosedError(f"connecting to {address} was aborted")
         except BaseException as exc:
             sock.close()
             if aborted.is_set():

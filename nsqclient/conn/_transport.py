@@ -1,10 +1,12 @@
 """Byte streams over a socket: plain TCP, TLS, snappy and deflate, in the order NSQ layers them.
 
 A :class:`Transport` wraps one connected socket.  The connection's handshake (magic, IDENTIFY,
-upgrades, AUTH) runs on a single thread; after it, exactly one reader thread calls :meth:`recv`
+upgrades, AUTH) runs on a single thread; after it, one reader at a time calls :meth:`recv` or
+:meth:`recv_within` (the connection's reader thread, or on a plain transport a requester that
+took the reading over: see :meth:`Connection.read_until <nsqclient.conn.Connection.read_until>`)
 and one writer at a time calls :meth:`sendall` and :meth:`flush` (the connection serialises its
-writers with a lock).  That is the only concurrency the class supports: one reader plus one
-writer, never two of either at once.
+writers with a lock, and in caller-reads mode its readers too).  That is the only concurrency
+the class supports: one reader plus one writer, never two of either at once.
 
 Layers, bottom up, as nsqd applies them after IDENTIFY::
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from .. import protocol
 from ..config import Config
-from ..conn._connection import Connection
 from ..errors import NSQError, ServerError
 from ..message import Message, claim_all
 from ..observe import ObserverSet, tell
 from ._batch import ANSWERED, HELD, MessageBatch
+from ._rdy_balancer import ConnFlow
 from ._shared_state import SharedState
 
 __all__ = ["Responder"]
@@ -81,12 +81,12 @@ class Responder:
     # ================================================================ one message
 
     def _answered(self, message: Message, counter: str, success: bool | None) -> None:
-        conn = message._conn
-        assert conn is not None  # a Consumer's messages always carry their connection
+        flow = message._conn
+        assert flow is not None  # a Consumer's messages always carry their connection
         with self._lock:
             self._stats[counter] += 1
-            if conn.in_flight > 0:
-                conn.in_flight -= 1
+            if flow.in_flight > 0:
+                flow.in_flight -= 1
             if self._pull:
                 self.held.discard(message)
                 if self.stopping:
@@ -99,14 +99,25 @@ class Responder:
                     self._rdy_wake.set()
 
     def finish_message(self, message: Message) -> None:
-        conn = message._conn
-        assert conn is not None  # a Consumer's messages always carry their connection
-        try:
-            # The id came from nsqd in this message: no need to check it as protocol.fin does.
-            conn.send(b"FIN " + message.id + b"\n")
-        except NSQError:
-            logger.debug("cannot FIN %r: connection closed; nsqd will redeliver it", message.id)
-        self._answered(message, "finished", True)
+        flow = message._conn
+        assert flow is not None  # a Consumer's messages always carry their connection
+        # The id came from nsqd in this message: no need to check it as protocol.fin does.  On a
+        # closed connection the FIN is dropped (nsqd sends the message again).
+        flow.put(b"FIN " + message.id + b"\n")
+        # _answered(message, "finished", True), inline: this runs once per message handled
+        with self._lock:
+            self._stats["finished"] += 1
+            if flow.in_flight > 0:
+                flow.in_flight -= 1
+            if self._pull:
+                self.held.discard(message)
+                if self.stopping:
+                    self._idle.set()
+            if self._backoff.level:  # at level 0 a success changes nothing
+                decision = self._backoff.record(True, time.monotonic())
+                if decision is not None:
+                    logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
+                    self._rdy_wake.set()
         observers = self._observers.active
         if observers:
             tell(observers, "messages_answered", self._consumer, (message,), "finish", None, None)
@@ -155,22 +166,23 @@ class Responder:
         if observers:
             tell(observers, "messages_answered", self._consumer, (message,), "touch", None, None)
 
-    def answer_failed(self, conn: Connection, error: ServerError) -> bool:
+    def answer_failed(self, conn: Any, error: ServerError) -> bool:
         """nsqd could not apply a FIN, REQ or TOUCH (the message had probably timed out):
         count it apart and log it; False when ``error`` is no such error."""
         counters = _ANSWER_FAILED.get(error.code)
         if counters is None:
             return False
         failed, taken_back = counters
-        with self._lock:
-            self._stats[failed] += 1
-            if taken_back is not None:
-                self._stats[taken_back] -= 1
+        # Logged before it is counted: whoever sees the count finds the log line too.
         logger.warning(
             "nsqd %s: %s (the message had probably timed out and been redelivered)",
             conn.address,
             error,
         )
+        with self._lock:
+            self._stats[failed] += 1
+            if taken_back is not None:
+                self._stats[taken_back] -= 1
         return True
 
     # ================================================================ many at once
@@ -191,15 +203,13 @@ class Responder:
             _send(conn, b"".join(reqs), "REQ", group)
         return self._answered_many(groups, "requeue", delay, backoff)
 
-    def _claim_many(
-        self, messages: Iterable[Message], what: str
-    ) -> dict[Connection, list[Message]]:
+    def _claim_many(self, messages: Iterable[Message], what: str) -> dict[ConnFlow, list[Message]]:
         """Claim each message's one answer (as Message.finish() does), grouped by connection."""
         messages = list(messages)
         for message in messages:
             if message._responder is not self:
                 raise ValueError(f"message {message.id!r} was not received by {self._consumer!r}")
-        groups: dict[Connection, list[Message]] = {}
+        groups: dict[ConnFlow, list[Message]] = {}
         for message in claim_all(messages, what):
             conn = message._conn
             assert conn is not None  # a Consumer's messages always carry their connection
@@ -212,7 +222,7 @@ class Responder:
 
     def _answered_many(
         self,
-        groups: dict[Connection, list[Any]],
+        groups: dict[ConnFlow, list[Any]],
         action: str,
         delay: float | None,
         backoff: bool | None,
@@ -260,7 +270,7 @@ class Responder:
         for batch in batches:
             if batch._responder is not self:
                 raise ValueError(f"{batch!r} was not received by {self._consumer!r}")
-        groups: dict[Connection, list[MessageBatch]] = {}
+        groups: dict[ConnFlow, list[MessageBatch]] = {}
         skipped = 0
         with self._lock:
             for batch in batches:
@@ -334,7 +344,7 @@ def verb_of(action: str) -> str:
     return {"finish": "FIN", "requeue": "REQ", "touch": "TOUCH"}[action]
 
 
-def _send(conn: Connection, data: bytes, verb: str, group: Sized) -> None:
+def _send(conn: ConnFlow, data: bytes, verb: str, group: Sized) -> None:
     """Write the answers to ``group`` in one go; when the connection is closed, nsqd sends
     those messages again (nothing else to do)."""
     try:

@@ -49,7 +49,7 @@ from ._delivery import Handling
 from ._discovery import Discovery
 from ._discovery import split_key as split_key  # re-exported (subscription keys)
 from ._discovery import target_key as target_key
-from ._rdy_balancer import ConnectionCounts, ConnInfo, RdyBalancer, conn_views, connection_counts
+from ._rdy_balancer import ConnectionCounts, ConnFlow, RdyBalancer, conn_views, connection_counts
 from ._shared_state import SharedState
 from ._work_queue import Intake
 
@@ -71,14 +71,11 @@ class _Delegate:
 
     def __init__(self, consumer: Consumer):
         self._consumer = consumer
-        if consumer._columnar:  # the connections hand over undecoded runs (see conn/_connection.py)
-            self.on_message_run = consumer._on_message_run
+        # The connections hand over each read's messages undecoded (see conn/_connection.py).
+        self.on_message_run = consumer._on_message_run
 
     def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
         self._consumer._on_messages(conn, [decoded])
-
-    def on_messages(self, conn: Connection, decoded: list[protocol.DecodedMessage]) -> None:
-        self._consumer._on_messages(conn, decoded)
 
     def on_server_error(self, conn: Connection, error: ServerError) -> None:
         self._consumer._on_server_error(conn, error)
@@ -96,7 +93,7 @@ class _Delegate:
         with consumer._lock:
             if consumer._stopping.is_set() or conn.is_closed:
                 return False
-            consumer._conns[conn.key] = ConnInfo(conn, time.monotonic())
+            consumer._conns[conn.key] = ConnFlow(conn, time.monotonic())
         return True
 
     def connection_made(self, key: str) -> None:
@@ -172,25 +169,66 @@ class Consumer:
     ):
         self.topic = protocol.check_topic_name(topic)
         self.channel = protocol.check_channel_name(channel)
-        if handler is not None and not callable(handler):
-            raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
         #: pull mode (no handler): messages wait in the work queue until take()
-        self._pull = handler is None
-        if columnar and not self._pull:
-            raise ValueError("columnar=True is for pull mode: make the Consumer with handler=None")
-        self._columnar = bool(columnar)
-        check_owner(options, "Consumer")
-        self.config = Config(**options)
-        self.nsqd_tcp_addresses = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
-        self.lookupd_http_addresses = lookupd_addresses(
-            lookupd_http_addresses, "lookupd_http_addresses"
+        self._pull, self._columnar = self._check_mode(handler, columnar)
+        self.config = self._check_config(options)
+        self.nsqd_tcp_addresses, self.lookupd_http_addresses = self._check_addresses(
+            nsqd_tcp_addresses, lookupd_http_addresses
         )
-        if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
-            raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
         self.partition = None if partition is None else check_int(partition, "partition", min=0)
         self.ordered = bool(ordered)
         self._delegate = _Delegate(self)
-        self._discovery = Discovery(
+        self._discovery = self._make_discovery(on_connect, on_disconnect)
+        self.on_out_of_order = on_out_of_order
+        #: the error that stopped the consumer for good (see error)
+        self._error: NSQError | None = None
+        self.giving_up = giving_up
+        self._max_tries = self.config.max_tries
+        self._init_lifecycle()
+        self._init_workers()
+        self._init_flow_control()
+        self._init_message_path(handler)
+
+    # What __init__ does, one job each (in its order: a later step reads what an earlier one set).
+
+    @staticmethod
+    def _check_mode(handler: Handler | None, columnar: bool) -> tuple[bool, bool]:
+        """``(pull, columnar)``: pull mode without a handler; columnar only in pull mode."""
+        if handler is not None and not callable(handler):
+            raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
+        pull = handler is None
+        if columnar and not pull:
+            raise ValueError("columnar=True is for pull mode: make the Consumer with handler=None")
+        return pull, bool(columnar)
+
+    @staticmethod
+    def _check_config(options: ConsumerOptions) -> Config:
+        """The options as a :class:`~nsqclient.config.Config` (TypeError for one that only a
+        Producer takes)."""
+        check_owner(options, "Consumer")
+        return Config(**options)
+
+    @staticmethod
+    def _check_addresses(
+        nsqd_tcp_addresses: str | Sequence[str] | None,
+        lookupd_http_addresses: str | Sequence[str] | None,
+    ) -> tuple[list[str], list[str]]:
+        """The nsqd and lookupd addresses, parsed (:mod:`nsqclient.addresses`); one of them
+        is needed."""
+        nsqd = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
+        lookupd = lookupd_addresses(lookupd_http_addresses, "lookupd_http_addresses")
+        if not nsqd and not lookupd:
+            raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
+        return nsqd, lookupd
+
+    def _make_discovery(
+        self,
+        on_connect: Callable[[str], Any] | None,
+        on_disconnect: Callable[[str, BaseException | None], Any] | None,
+    ) -> Discovery:
+        """The collaborator that finds and keeps the nsqd (it checks ``ordered`` against the
+        addresses and options, and raises ValueError)."""
+        return Discovery(
             self._delegate,
             self.topic,
             self.channel,
@@ -203,14 +241,11 @@ class Consumer:
             on_connect=on_connect,
             on_disconnect=on_disconnect,
         )
-        self.on_out_of_order = on_out_of_order
-        #: the error that stopped the consumer for good (see error)
-        self._error: NSQError | None = None
-        self.giving_up = giving_up
-        self._max_tries = self.config.max_tries
 
+    def _init_lifecycle(self) -> None:
+        """The lock, the connections, and the events and flags of start() and stop()."""
         self._lock = threading.RLock()
-        self._conns: dict[str, ConnInfo] = {}
+        self._conns: dict[str, ConnFlow] = {}
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_requested = threading.Event()
@@ -223,11 +258,16 @@ class Consumer:
         self._started = False
         #: set once start() has started every thread (a hook may call stop() before that)
         self._all_started = threading.Event()
+
+    def _init_workers(self) -> None:
+        """The handler workers' threads and slots, filled by start()."""
         self._workers: list[threading.Thread] = []
-        #: per worker: is it running a handler (each slot written only by its worker)
-        self._busy: list[bool] = []
-        #: per worker: the message its handler is running on (None when idle)
+        #: per worker: the message its handler is running on (None when idle; each slot
+        #: written only by its worker)
         self._current: list[Message | None] = []
+
+    def _init_flow_control(self) -> None:
+        """Backoff, the RDY balancer and the counters."""
         self._backoff = BackoffState(
             self.config.backoff_multiplier,
             self.config.max_backoff_duration,
@@ -249,9 +289,13 @@ class Consumer:
             "requeue_failed": 0,
             "touch_failed": 0,
         }
+
+    def _init_message_path(self, handler: Handler | None) -> None:
+        """The work queue, the observers, the answers (FIN/REQ/TOUCH) and the handling of a
+        message on its way to user code."""
         # What the connections received, until a worker or a taker has it.
         books = SharedState(self._backoff, self._lock, self._conns, self._stats, self._rdy_wake)
-        self._intake = Intake(books)
+        self._intake = Intake(books, 0 if self._pull else self.config.concurrency)
         self._observers = ObserverSet(self)
         self._responder = Responder(
             self,
@@ -273,6 +317,7 @@ class Consumer:
             observers=self._observers,
             finish=self._responder.finish_message,
             count=self._count,
+            idle=self._idle,
         )
         # bound once: a worker's and take()'s calls cost what a method of the Consumer's did
         self._handle = self._handling.handle
@@ -318,7 +363,6 @@ class Consumer:
         self._started = True
         tag = f"{self.topic}/{self.channel}"
         workers = 0 if self._pull else self.config.concurrency
-        self._busy = [False] * workers
         self._current = [None] * workers
         for i in range(workers):
             t = threading.Thread(
@@ -379,7 +423,7 @@ class Consumer:
 
     def _in_flight(self) -> int:
         with self._lock:
-            return sum(i.conn.in_flight for i in self._conns.values())
+            return sum(f.in_flight for f in self._conns.values())
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop: CLS every connection (nsqd sends nothing more), stop discovery and reconnects,
@@ -395,6 +439,7 @@ class Consumer:
         self._discovery.stop()
         self._rdy.stop()
         self._responder.stopping = True
+        self._handling.stopping = True
         self._stopping.set()
         self._intake.wake_all()  # a taker waiting in take() returns now
         deadline = time.monotonic() + timeout
@@ -434,8 +479,8 @@ class Consumer:
         while time.monotonic() < deadline and not self._force_stop.is_set():
             if self._pull:
                 self._requeue_unstarted()  # not taken yet: back to nsqd at once
-            busy = any(b for i, b in enumerate(self._busy) if i != own)
-            if not busy and not self._intake.work and self._unanswered(own) == 0:
+            busy = any(m is not None for i, m in enumerate(self._current) if i != own)
+            if not busy and not self._intake.unstarted() and self._unanswered(own) == 0:
                 break
             self._wait_idle(min(0.05, max(deadline - time.monotonic(), 0)))
         forced = self._force_stop.is_set()
@@ -546,6 +591,7 @@ class Consumer:
         Messages still waiting for a handler worker, or for :meth:`take`, do not count."""
         check_float(threshold, "threshold", "", min=0)
         with self._lock:
+            self._intake.count_queued()
             return is_starved(conn_views(self._conns), threshold)
 
     def stats(self) -> dict[str, Any]:
@@ -556,12 +602,15 @@ class Consumer:
             out: dict[str, Any] = dict(self._stats)
             out["backoff_level"] = self._backoff.level
             out["max_in_flight"] = self._rdy.max_in_flight
-            out["connections"] = {a: i.conn.stats() for a, i in self._conns.items()}
+            self._intake.count_queued()
+            out["connections"] = {
+                a: {**f.conn.stats(), **f.counts()} for a, f in self._conns.items()
+            }
         return out
 
     def connections(self) -> list[Connection]:
         with self._lock:
-            return [i.conn for i in self._conns.values()]
+            return [f.conn for f in self._conns.values()]
 
     def connection_counts(self) -> list[ConnectionCounts]:
         """Per connection, a snapshot of its flow-control counts (read-only): the RDY last
@@ -569,6 +618,7 @@ class Consumer:
         of those, the ones still queued (waiting for a handler worker, or in pull mode for
         :meth:`take`), and nsqd's ``msg_timeout`` (seconds)."""
         with self._lock:
+            self._intake.count_queued()
             return connection_counts(self._conns)
 
     def is_saturated(self) -> bool:
@@ -577,8 +627,8 @@ class Consumer:
         no RDY is about to be raised (a connection's first message, received at RDY 1, is
         not saturation: its RDY is raised next)."""
         with self._lock:
-            conns = [i.conn for i in self._conns.values() if i.conn.rdy > 0]
-            if not conns or any(c.in_flight < c.rdy for c in conns):
+            flows = [f for f in self._conns.values() if f.rdy > 0]
+            if not flows or any(f.in_flight < f.rdy for f in flows):
                 return False
             return not self._rdy.would_raise()
 
@@ -737,20 +787,46 @@ class Consumer:
     # ================================================================ connection delegate
     # (via _Delegate; these run on a connection's reader thread: quick, never user code)
 
+    def _flow(self, conn: Connection) -> ConnFlow:
+        """The consumer's side of ``conn`` (one that is not in the table, a connection being
+        dropped, gets one of its own: its messages are counted nowhere)."""
+        flow = self._conns.get(conn.key)
+        if flow is None or flow.conn is not conn:
+            flow = ConnFlow(conn, time.monotonic())
+        return flow
+
     def _on_messages(self, conn: Connection, decoded: list[protocol.DecodedMessage]) -> None:
-        """The messages of one socket read: one lock round and one hand-off for all of them."""
+        """Decoded messages of one socket read: one lock round and one hand-off for all."""
         now = conn.last_message_at
+        flow = self._flow(conn)
         received = Message._received
         responder = self._responder
-        messages = [received(d, responder, conn, now) for d in decoded]
-        self._intake.put(conn, messages, len(messages), now)
+        messages = [received(d, responder, flow, now) for d in decoded]
+        self._intake.put(flow, messages, len(messages), now)
 
     def _on_message_run(self, conn: Connection, run: protocol.MessageRun) -> None:
-        """Columnar: the messages of one socket read, as one batch."""
+        """The messages of one socket read, undecoded: one lock round and one hand-off for
+        all of them.  Classic NSQ's are decoded straight into Message objects; a columnar
+        Consumer keeps them as one batch."""
         now = conn.last_message_at
-        origin = Origin.of(conn, self.config.youzan)
-        batch = MessageBatch(run.buffer, run.starts, run.ends, origin, now, self._responder, conn)
-        self._intake.put(conn, [batch], len(run.starts), now)
+        flow = self._flow(conn)
+        if self._columnar:
+            origin = Origin.of(conn, self.config.youzan)
+            batch = MessageBatch(
+                run.buffer, run.starts, run.ends, origin, now, self._responder, flow
+            )
+            self._intake.put(flow, [batch], len(run.starts), now)
+            return
+        youzan, extended, ordered = conn.config.youzan, conn.extended, conn.ordered
+        if youzan or extended or ordered:
+            decode, buf = protocol.decode_message_at, run.buffer
+            pairs = zip(run.starts, run.ends, strict=True)
+            decoded = [decode(buf, start, end, youzan, extended, ordered) for start, end in pairs]
+            received = Message._received
+            messages = [received(d, self._responder, flow, now) for d in decoded]
+        else:
+            messages = Message._run(run.buffer, run.starts, run.ends, self._responder, flow, now)
+        self._intake.put(flow, messages, len(messages), now)
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:
         if not self._responder.answer_failed(conn, error):
@@ -758,8 +834,8 @@ class Consumer:
 
     def _on_close(self, conn: Connection, reason: BaseException | None) -> None:
         with self._lock:
-            info = self._conns.get(conn.key)
-            if info is None or info.conn is not conn:
+            flow = self._conns.get(conn.key)
+            if flow is None or flow.conn is not conn:
                 return
             del self._conns[conn.key]
         self._discovery.lost(conn.key, reason)
@@ -768,34 +844,14 @@ class Consumer:
     # ================================================================ handlers
 
     def _work_loop(self, index: int) -> None:
-        busy = self._busy
+        """Worker ``index``: handle runs of messages until the queue closes (see
+        consumer/_work_queue.py: runs are shared, so no message waits behind a busy handler
+        while a worker is idle)."""
+        next_run = self._intake.next_run
+        handle_run = self._handling.handle_run
         current = self._current
-        intake = self._intake
-        work = intake.work
-        cond = intake.cond
-        while True:
-            with cond:
-                while not work:
-                    if intake.exit:
-                        return
-                    intake.waiting += 1
-                    try:
-                        cond.wait()
-                    finally:
-                        intake.waiting -= 1
-                message = work.popleft()
-                message._conn.queued -= 1
-            busy[index] = True
-            current[index] = message
-            try:
-                self._handle(message)
-            except Exception:
-                logger.exception("unexpected error handling message %r", message.id)
-            finally:
-                current[index] = None
-                busy[index] = False
-                if self._stopping.is_set():
-                    self._idle.set()
+        while (run := next_run(index)) is not None:
+            handle_run(run, current, index)
 
 
 add_options_help(Consumer, "Consumer")

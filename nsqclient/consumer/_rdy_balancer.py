@@ -1,10 +1,10 @@
 """The Consumer's RDY balancing: each connection's RDY bookkeeping, and the ``nsq-rdy`` thread
 that applies the RDY policy (:mod:`nsqclient.rdy`) periodically and whenever woken.
 
-The connection table (key -> :class:`ConnInfo`) is the Consumer's, guarded by the Consumer's
-lock: the balancer reads and updates it under that lock and sends RDY on the connections'
-command queues (never blocking).  The reader threads refill a connection's RDY themselves
-(:func:`send_rdy`), without waiting for this thread.
+The connection table (key -> :class:`ConnFlow`: a connection and its counts) is the
+Consumer's, guarded by the Consumer's lock: the balancer reads and updates it under that lock
+and sends RDY on the connections' command queues (never blocking).  The reader threads refill
+a connection's RDY themselves (:func:`send_rdy`), without waiting for this thread.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..errors import NSQError
 from ..rdy import ConnView, rdy_targets
 
 __all__ = [
-    "ConnInfo",
+    "ConnFlow",
     "ConnectionCounts",
     "RdyBalancer",
     "conn_views",
@@ -33,13 +33,48 @@ __all__ = [
 logger = logging.getLogger("nsqclient.consumer")
 
 
-class ConnInfo:
-    """The consumer's bookkeeping for one connection (guarded by the Consumer's lock)."""
+class ConnFlow:
+    """One connection as the Consumer keeps it: the connection, and its flow-control counts
+    (guarded by the Consumer's lock, but :attr:`queued` in handler mode: see
+    :meth:`~nsqclient.consumer._work_queue.Intake.count_queued`).
 
-    __slots__ = ("conn", "remaining", "rdy_since", "waiting_since", "first_message")
+    The Consumer's messages and batches carry it as their connection (``message._conn``,
+    ``batch.conn``): it sends what they answer (:attr:`send` is the connection's) and counts
+    them, with no look-up per message.
+    """
+
+    __slots__ = (
+        "conn",
+        "send",
+        "put",
+        "key",
+        "address",
+        "partition",
+        "rdy",
+        "in_flight",
+        "queued",
+        "remaining",
+        "rdy_since",
+        "waiting_since",
+        "first_message",
+        "last_rdy_at",
+    )
 
     def __init__(self, conn: Connection, now: float):
         self.conn = conn
+        #: queue a command on the connection (its ``send``: ConnectionClosedError once closed)
+        self.send = conn.send
+        #: the same, what is queued once it is closed being dropped (its ``queue_command``)
+        self.put = conn.queue_command
+        self.key = conn.key
+        self.address = conn.address
+        self.partition = conn.partition
+        #: the RDY last sent
+        self.rdy = 0
+        #: messages received and not answered yet
+        self.in_flight = 0
+        #: of those, the ones waiting for a handler worker or a taker
+        self.queued = 0
         #: messages nsqd may still send before the RDY last sent is used up
         self.remaining = 0
         #: since when its RDY has been above 0 (None: it is 0)
@@ -48,40 +83,60 @@ class ConnInfo:
         self.waiting_since = now
         #: no message received on it yet
         self.first_message = True
+        self.last_rdy_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"<ConnFlow {self.key} rdy={self.rdy} in_flight={self.in_flight}>"
+
+    @property
+    def msg_timeout(self) -> float:
+        """nsqd's msg_timeout for this connection, seconds."""
+        return self.conn.msg_timeout
+
+    @property
+    def max_rdy_count(self) -> int:
+        return self.conn.max_rdy_count
+
+    @property
+    def last_message_at(self) -> float:
+        return self.conn.last_message_at
+
+    def counts(self) -> dict[str, int]:
+        """``rdy``, ``in_flight`` and ``queued``, for ``Consumer.stats()``."""
+        return {"rdy": self.rdy, "in_flight": self.in_flight, "queued": self.queued}
 
 
-def send_rdy(info: ConnInfo, count: int) -> None:
-    """Send RDY ``count`` on ``info``'s connection and note it (under the Consumer's lock)."""
-    conn = info.conn
+def send_rdy(flow: ConnFlow, count: int) -> None:
+    """Send RDY ``count`` on ``flow``'s connection and note it (under the Consumer's lock)."""
     now = time.monotonic()
-    if count > 0 and conn.rdy == 0:
-        info.rdy_since = now
-    elif count == 0 and conn.rdy > 0:
-        info.rdy_since = None
-        info.waiting_since = now
-    conn.rdy = count
-    info.remaining = count
-    conn.last_rdy_at = now
+    if count > 0 and flow.rdy == 0:
+        flow.rdy_since = now
+    elif count == 0 and flow.rdy > 0:
+        flow.rdy_since = None
+        flow.waiting_since = now
+    flow.rdy = count
+    flow.remaining = count
+    flow.last_rdy_at = now
     try:
-        conn.send(protocol.rdy(count))
+        flow.send(protocol.rdy(count))
     except NSQError:
         pass  # closed: on_close cleans up
 
 
-def conn_views(conns: dict[str, ConnInfo]) -> list[ConnView]:
+def conn_views(conns: dict[str, ConnFlow]) -> list[ConnView]:
     """What the RDY policy sees of each connection (under the Consumer's lock)."""
     return [
         ConnView(
             address=a,
-            rdy=i.conn.rdy,
-            max_rdy_count=i.conn.max_rdy_count,
-            in_flight=i.conn.in_flight,
-            queued=i.conn.queued,
-            last_message_at=None if i.first_message else i.conn.last_message_at,
-            rdy_since=i.rdy_since,
-            waiting_since=i.waiting_since,
+            rdy=f.rdy,
+            max_rdy_count=f.conn.max_rdy_count,
+            in_flight=f.in_flight,
+            queued=f.queued,
+            last_message_at=None if f.first_message else f.conn.last_message_at,
+            rdy_since=f.rdy_since,
+            waiting_since=f.waiting_since,
         )
-        for a, i in conns.items()
+        for a, f in conns.items()
     ]
 
 
@@ -105,19 +160,19 @@ class ConnectionCounts(NamedTuple):
     msg_timeout: float = 60.0
 
 
-def connection_counts(conns: dict[str, ConnInfo]) -> list[ConnectionCounts]:
+def connection_counts(conns: dict[str, ConnFlow]) -> list[ConnectionCounts]:
     """A snapshot of each connection's counts (the caller holds the Consumer's lock)."""
     return [
         ConnectionCounts(
             key,
-            info.conn.address,
-            info.conn.rdy,
-            info.conn.max_rdy_count,
-            info.conn.in_flight,
-            info.conn.queued,
-            float(info.conn.msg_timeout),
+            f.address,
+            f.rdy,
+            f.conn.max_rdy_count,
+            f.in_flight,
+            f.queued,
+            float(f.conn.msg_timeout),
         )
-        for key, info in conns.items()
+        for key, f in conns.items()
     ]
 
 
@@ -135,7 +190,7 @@ class RdyBalancer:
     def __init__(
         self,
         config: Config,
-        conns: dict[str, ConnInfo],
+        conns: dict[str, ConnFlow],
         lock: threading.RLock,
         backoff: BackoffState,
         name: str,
@@ -178,8 +233,8 @@ class RdyBalancer:
             targets, mode = self._targets(now)
             # Lower first, so that the sum of RDY never exceeds max_in_flight.
             changes = sorted(
-                ((n, a) for a, n in targets.items() if conns[a].conn.rdy != n),
-                key=lambda item: item[0] - conns[item[1]].conn.rdy,
+                ((n, a) for a, n in targets.items() if conns[a].rdy != n),
+                key=lambda item: item[0] - conns[item[1]].rdy,
             )
             for count, address in changes:
                 send_rdy(conns[address], count)
@@ -193,7 +248,7 @@ class RdyBalancer:
         first message came at RDY 1, a rotation is due): nsqd will be told to send more."""
         with self._lock:
             targets, _ = self._targets(time.monotonic())
-            return any(n > self._conns[a].conn.rdy for a, n in targets.items())
+            return any(n > self._conns[a].rdy for a, n in targets.items())
 
     def _targets(self, now: float) -> tuple[dict[str, int], BackoffMode]:
         """The RDY the policy gives each connection now, and the backoff mode (under the

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..backoff import BackoffState
-from ._rdy_balancer import ConnInfo
+from ._rdy_balancer import ConnFlow
 
 __all__ = ["SharedState"]
 
@@ -18,7 +18,8 @@ class SharedState:
 
     Attributes:
         backoff: the backoff state.
-        lock: guards everything here and each connection's counts (RDY, in flight, queued).
+        lock: guards everything here and each connection's counts
+            (:class:`~nsqclient.consumer._rdy_balancer.ConnFlow`).
         conns: the connections by key.
         stats: the counters (received, finished, requeued, ...).
         rdy_wake: set to have the RDY balancer look again (a connection's first message, a
@@ -27,6 +28,6 @@ class SharedState:
 
     backoff: BackoffState
     lock: threading.RLock = field(default_factory=threading.RLock)
-    conns: dict[str, ConnInfo] = field(default_factory=dict)
+    conns: dict[str, ConnFlow] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     rdy_wake: threading.Event = field(default_factory=threading.Event)

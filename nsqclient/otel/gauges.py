@@ -30,6 +30,7 @@ __all__ = [
     "activate",
     "Watched",
     "Tally",
+    "ThreadTally",
     "MESSAGE_COUNTERS",
     "CONSUMER_GAUGES",
     "PRODUCER_GAUGES",
@@ -157,7 +158,7 @@ class Tally:
     observable counter when the metrics are collected (the SDK's synchronous Counter costs a
     fifth of a span here; the data exported is the same monotonic sum)."""
 
-    __slots__ = ("_lock", "_counts", "_interned")
+    __slots__ = ("_lock", "_counts", "_interned", "_threads")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -165,6 +166,8 @@ class Tally:
         #: id(attributes) -> [attributes, count], for attribute dicts that are never changed
         #: and live as long as the instrumentation (its caches)
         self._interned: dict[int, list[Any]] = {}
+        #: the counts of single threads (:meth:`for_thread`)
+        self._threads: list[ThreadTally] = []
 
     def add(self, amount: int, attributes: dict[str, Any], interned: bool = False) -> None:
         """``Counter.add``'s signature.  ``interned``: ``attributes`` is a dict that nobody
@@ -185,20 +188,78 @@ class Tally:
         with self._lock:
             self._counts[items] = self._counts.get(items, 0) + amount
 
+    def for_thread(self) -> ThreadTally:
+        """Counts of the calling thread alone, added to without a lock (see
+        :class:`ThreadTally`), read with this tally's own."""
+        counts = ThreadTally(self)
+        with self._lock:
+            self._fold_ended()  # (so that threads coming and going add up to nothing)
+            self._threads.append(counts)
+        return counts
+
+    def add_new(self, counts: ThreadTally, amount: int, attributes: dict[str, Any]) -> None:
+        """:meth:`ThreadTally.new`, on its thread."""
+        entries = counts.counts
+        with self._lock:  # (against a read, which goes over these counts)
+            if id(attributes) in entries or len(entries) >= 4096:  # (more than caches hold)
+                self._fold_entries(entries.values())
+                entries.clear()
+            entries[id(attributes)] = [attributes, amount]
+
     def _fold(self) -> None:
         """Count what is counted by identity by content instead (under the lock)."""
+        self._fold_entries(self._interned.values())
+        self._interned.clear()
+
+    def _fold_entries(self, entries: Iterable[list[Any]]) -> None:
         counts = self._counts
-        for attributes, count in self._interned.values():
+        for attributes, count in entries:
             items = tuple(attributes.items())
             counts[items] = counts.get(items, 0) + count
-        self._interned.clear()
+
+    def _fold_ended(self) -> None:
+        """Count what threads that ended counted as this tally's own (under the lock)."""
+        live = []
+        for thread_counts in self._threads:
+            if thread_counts.thread.is_alive():
+                live.append(thread_counts)
+            else:  # nothing adds to these any more
+                self._fold_entries(thread_counts.counts.values())
+                thread_counts.counts.clear()
+        self._threads = live
 
     def read(self) -> Iterator[_Value]:
         with self._lock:
             self._fold()
-            counts = list(self._counts.items())
-        for key, value in counts:
+            self._fold_ended()
+            counts = dict(self._counts)
+            for thread_counts in self._threads:
+                # (its thread may add meanwhile: each entry is read once, as it is then)
+                for attributes, count in list(thread_counts.counts.values()):
+                    items = tuple(attributes.items())
+                    counts[items] = counts.get(items, 0) + count
+        for key, value in counts.items():
             yield value, dict(key)
+
+
+class ThreadTally:
+    """One thread's counts for a :class:`Tally`, by identity of interned attribute dicts
+    (``id(attributes) -> [attributes, count]``): that thread alone adds to them, without the
+    lock (``entry = counts.get(id(attributes))``; when ``entry[0] is attributes``,
+    ``entry[1] += amount``; else :meth:`new`).  The tally reads them as they are, and folds
+    them into its own once the thread has ended."""
+
+    __slots__ = ("tally", "thread", "counts")
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self.thread = threading.current_thread()
+        self.counts: dict[int, list[Any]] = {}
+
+    def new(self, amount: int, attributes: dict[str, Any]) -> None:
+        """Count ``attributes`` (interned) not counted yet here (or whose id was another
+        dict's, since freed)."""
+        self.tally.add_new(self, amount, attributes)
 
 
 #: the counters of one meter provider counted as events come (they live as long as it):

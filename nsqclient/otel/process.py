@@ -42,8 +42,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from ..consumer import Consumer, MessageBatch
 from ..message import Message, RequeueMessage
 from . import names as n
-from .gauges import Tally
-from .spans import SpanStarter
+from .gauges import Tally, ThreadTally
 
 __all__ = ["ConsumeTelemetry", "MAX_PENDING"]
 
@@ -60,6 +59,9 @@ _EVENTS = {
 }
 
 _origin = operator.attrgetter("nsqd_address", "partition")
+_attach = otel_context.attach
+_detach = otel_context.detach
+_in_context = trace.set_span_in_context
 #: the key of a batch's receive span context in ``MessageBatch.notes``
 _RECEIVED = "nsqclient.otel.received"
 
@@ -73,22 +75,51 @@ class _Open:
     __slots__ = ("message", "span", "recording", "attributes", "token", "started", "events")
 
     def __init__(
-        self,
-        message: Message,
-        span: trace.Span,
-        attributes: dict[str, Any],
-        token: object,
+        self, message: Message, span: trace.Span, recording: bool, attributes: dict[str, Any]
     ):
         self.message = message
         self.span = span
-        self.recording = span.is_recording()
+        self.recording = recording
         #: the metric attributes (later answers' spans start from them too)
         self.attributes = attributes
-        self.token = token
+        self.token: Any = None
         self.started = time.monotonic()
-        #: (what, its attributes, time.time_ns()) of each answer and give-up seen while open;
-        #: what: "finish", "requeue", "touch", "give_up"
-        self.events: list[tuple[str, dict[str, Any] | None, int]] = []
+        #: (what, its attributes, time.time_ns()) of each answer and give-up seen while open
+        #: (None until the first); what: "finish", "requeue", "touch", "give_up"
+        self.events: list[tuple[str, dict[str, Any] | None, int]] | None = None
+
+    def add(self, what: str, attributes: dict[str, Any] | None, when: int) -> None:
+        events = self.events
+        if events is None:
+            self.events = [(what, attributes, when)]
+        else:
+            events.append((what, attributes, when))
+
+
+class _Worker(_Open):
+    """One thread's handler span, reused message after message (``message`` None between
+    handlers: no object made per message); other threads' answers find it through
+    ``ConsumeTelemetry._workers``.  It counts the messages consumed on its thread
+    (``counts``, its ThreadTally's)."""
+
+    __slots__ = ("tally", "counts", "route", "__weakref__")
+
+    def __init__(self, tally: ThreadTally) -> None:
+        self.message = None  # type: ignore[assignment]
+        self.events = None
+        self.tally = tally
+        self.counts = tally.counts
+        #: the last message's Consumer, nsqd_address and process attributes (name, metric
+        #: attributes, span attributes)
+        self.route: tuple[Any, ...] = (None, None, None)
+
+
+class _Local(threading.local):
+    """Per thread: the process span of the handler it runs (``worker``), and of a message
+    given up on in take() (``give_up``)."""
+
+    worker: _Worker | None = None
+    give_up: _Open | None = None
 
 
 class ConsumeTelemetry:
@@ -113,14 +144,14 @@ class ConsumeTelemetry:
         #: record every FIN as an event on its process span (by default only a FIN that
         #: follows another event: a TOUCH, a give-up)
         self.finish_events = finish_events
-        #: starts the process spans (their message attributes built only when recorded)
-        self._spans = SpanStarter(tracer)
-        #: per thread: the process span of the handler it runs (``open``), and of a message
-        #: given up on in take() (``give_up``)
-        self._local = threading.local()
+        self._start_span = tracer.start_span
+        #: whether the last process span started recorded (its message attributes then go in
+        #: at the start, else only once it records; not locked: a wrong guess costs only time)
+        self._recorded = True
+        self._local = _Local()
         self._lock = threading.Lock()
-        #: the process spans open, for answers sent from another thread than the handler's
-        self._open: dict[Message, _Open] = {}
+        #: every thread's handler span, for answers sent from another thread than the handler's
+        self._workers: weakref.WeakSet[_Worker] = weakref.WeakSet()
         #: handler mode, messages held with enable_async() after their handler returned:
         #: the process span's context, the metric attributes and id() of the Consumer
         self._held: dict[Message, tuple[SpanContext, dict[str, Any], int]] = {}
@@ -131,39 +162,92 @@ class ConsumeTelemetry:
         )
         #: (topic, channel, nsqd, partition) -> (span name, metric attributes, span attributes)
         self._process_attributes: dict[tuple[Any, ...], tuple[str, dict, dict]] = {}
+        self._record_duration = duration.record
 
     def detached(self, consumer: Consumer) -> None:
         """``consumer`` stopped (or the observer was removed): forget what it held."""
         key = id(consumer)
         with self._lock:
             self._taken.pop(consumer, None)
+            for worker in self._workers:
+                if worker.route[0] is consumer:
+                    worker.route = (None, None, None)  # (holds no Consumer that stopped)
             for message in [m for m, held in self._held.items() if held[2] == key]:
                 del self._held[message]
 
     # ------------------------------------------------------------------ handler mode
 
     def handler_started(self, consumer: Consumer, message: Message) -> None:
-        open_ = self._start_process(consumer, message)
-        open_.token = otel_context.attach(trace.set_span_in_context(open_.span))
-        self._local.open = open_
-        self._open[message] = open_
+        worker = self._local.worker
+        if worker is None:
+            worker = self._local.worker = _Worker(self.consumed.for_thread())
+            with self._lock:
+                self._workers.add(worker)
+        route = worker.route
+        if (
+            route[0] is consumer
+            and route[1] is message.nsqd_address
+            and message.partition is None
+            and self._recorded
+            and not message.ext
+            and not message.trace_id
+            and message.offset is None
+        ):
+            # The common case of classic NSQ, _start's first branch: the same Consumer and
+            # connection as the last message on this thread, spans recorded, no parent.
+            name, attributes, span_attributes = route[2]
+            span = self._start_span(
+                name,
+                None,
+                SpanKind.CONSUMER,
+                {
+                    **span_attributes,
+                    n.MESSAGE_ID: _message_id(message),
+                    n.BODY_SIZE: len(message.body),
+                    n.NSQ_ATTEMPTS: message.attempts,
+                },
+            )
+            worker.recording = recording = span.is_recording()
+            if not recording:
+                self._recorded = False
+        else:
+            span, worker.recording, known = self._start(consumer, message)
+            attributes = known[1]
+            worker.route = (consumer, message.nsqd_address, known)
+        # counted on this thread (a Tally.add(1, attributes, interned=True) without the lock)
+        entry = worker.counts.get(id(attributes))
+        if entry is not None and entry[0] is attributes:
+            entry[1] += 1
+        else:
+            worker.tally.new(1, attributes)
+        worker.attributes = attributes
+        worker.span = span
+        worker.started = time.monotonic()
+        worker.token = _attach(_in_context(span))
+        worker.message = message  # (last: what other threads look for)
 
     def handler_ended(
         self, consumer: Consumer, message: Message, error: BaseException | None
     ) -> None:
-        local = self._local
-        open_ = getattr(local, "open", None)
-        if open_ is None or open_.message is not message:
+        worker = self._local.worker
+        if worker is None or worker.message is not message:
             return  # started before instrument()
-        local.open = None
-        elapsed = time.monotonic() - open_.started
-        otel_context.detach(open_.token)
+        elapsed = time.monotonic() - worker.started
+        _detach(worker.token)
         with self._lock:
-            self._open.pop(message, None)
-        self._end_process(open_, error, elapsed)
+            worker.message = None  # type: ignore[assignment]
+            events = worker.events
+            worker.events = None
+        span = worker.span
+        if error is None and events is None:
+            # the common case: returned, finished, nothing else seen
+            self._record_duration(elapsed, worker.attributes)
+            span.end()
+        else:
+            self._end_process(span, worker.recording, worker.attributes, events, error, elapsed)
         if not message.has_responded():
             # taken over with enable_async(): its answer comes later, from anywhere
-            self._remember(consumer, message, open_)
+            self._remember(consumer, message, span, worker.attributes)
 
     def message_out_of_order(self, consumer: Consumer, message: Message, last_offset: int) -> None:
         attributes = {
@@ -183,15 +267,18 @@ class ConsumeTelemetry:
             time.time_ns(),
         )
         local = self._local
-        open_ = getattr(local, "open", None)
-        if open_ is not None and open_.message is message:
-            open_.events.append(event)
+        worker = local.worker
+        if worker is not None and worker.message is message:
+            with self._lock:  # (another thread may answer it meanwhile)
+                worker.add(*event)
             return
         # In take(): a process span of its own, ended by the answer that comes next on this
         # thread (giving_up, then FIN).
         self._end_give_up()
-        open_ = self._start_process(consumer, message)
-        open_.events.append(event)
+        span, recording, known = self._start(consumer, message)
+        open_ = _Open(message, span, recording, known[1])
+        self.consumed.add(1, open_.attributes, interned=True)  # (a cached dict)
+        open_.add(*event)
         local.give_up = open_
 
     def messages_answered(
@@ -203,17 +290,18 @@ class ConsumeTelemetry:
         backoff: bool | None,
     ) -> None:
         local = self._local
-        open_ = getattr(local, "open", None)
+        open_ = local.worker
         if open_ is not None and len(messages) == 1 and messages[0] is open_.message:
             # the common case: the handler's message, on its worker thread
             if action == "requeue" or (
                 open_.recording and (action != "finish" or open_.events or self.finish_events)
             ):
-                open_.events.append((action, _answer(action, delay, backoff), time.time_ns()))
+                with self._lock:  # (another thread may answer it too)
+                    open_.add(action, _answer(action, delay, backoff), time.time_ns())
             return
-        given_up = getattr(local, "give_up", None)
+        given_up = local.give_up
         if given_up is not None and len(messages) == 1 and messages[0] is given_up.message:
-            given_up.events.append((action, _answer(action, delay, backoff), time.time_ns()))
+            given_up.add(action, _answer(action, delay, backoff), time.time_ns())
             if action != "touch":
                 self._end_give_up()
             return
@@ -353,46 +441,86 @@ class ConsumeTelemetry:
 
     # ------------------------------------------------------------------ the process span
 
-    def _start_process(self, consumer: Consumer, message: Message) -> _Open:
-        key = (consumer.topic, consumer.channel, message.nsqd_address, message.partition)
-        known = self._process_attributes.get(key)
+    def _start(
+        self, consumer: Consumer, message: Message
+    ) -> tuple[trace.Span, bool, tuple[str, dict[str, Any], dict[str, Any]]]:
+        """Start a process span: the span, whether it records, and the process attributes
+        (span name, metric attributes, span attributes) of its Consumer and nsqd."""
+        known = self._process_attributes.get(
+            (consumer.topic, consumer.channel, message.nsqd_address, message.partition)
+        )
         if known is None:
-            attributes: dict[str, Any] = {
-                n.SYSTEM: n.SYSTEM_NAME,
-                n.DESTINATION: consumer.topic,
-                n.CONSUMER_GROUP: consumer.channel,
-                n.OPERATION_NAME: "process",
-            }
-            n.add_server(attributes, message.nsqd_address)
-            if message.partition is not None:
-                attributes[n.PARTITION] = str(message.partition)
-            known = (
-                f"process {consumer.topic}",
-                attributes,
-                {**attributes, n.OPERATION_TYPE: "process"},
-            )
-            if len(self._process_attributes) < 4096:
-                self._process_attributes[key] = known
+            known = self._new_process_attributes(consumer, message)
         name, attributes, span_attributes = known
         parent = self._parent(message) if message.ext else None
-        span = self._spans.start(
-            name, SpanKind.CONSUMER, parent, span_attributes, _message_attributes, message
-        )
-        self.consumed.add(1, attributes, interned=True)  # (a cached dict)
-        return _Open(message, span, attributes, None)
+        if self._recorded:
+            # The message's own attributes go in at the start, where the SDK takes them
+            # cheapest (see _message_attributes).
+            span_attributes = {
+                **span_attributes,
+                n.MESSAGE_ID: _message_id(message),
+                n.BODY_SIZE: len(message.body),
+                n.NSQ_ATTEMPTS: message.attempts,
+            }
+            if message.trace_id:
+                span_attributes[n.NSQ_YOUZAN_TRACE_ID] = message.trace_id
+            if message.offset is not None:
+                span_attributes[n.NSQ_YOUZAN_OFFSET] = message.offset
+            span = self._start_span(name, parent, SpanKind.CONSUMER, span_attributes)
+            recording = span.is_recording()
+            if not recording:
+                self._recorded = False
+        else:
+            span = self._start_span(name, parent, SpanKind.CONSUMER, span_attributes)
+            recording = span.is_recording()
+            if recording:
+                span.set_attributes(_message_attributes(message))
+                self._recorded = True
+        return span, recording, known
 
-    def _end_process(self, open_: _Open, error: BaseException | None, elapsed: float) -> None:
-        span = open_.span
-        recording = open_.recording
+    def _new_process_attributes(
+        self, consumer: Consumer, message: Message
+    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """The span name, metric attributes and span attributes shared by the messages of
+        one Consumer from one nsqd (and youzan partition)."""
+        attributes: dict[str, Any] = {
+            n.SYSTEM: n.SYSTEM_NAME,
+            n.DESTINATION: consumer.topic,
+            n.CONSUMER_GROUP: consumer.channel,
+            n.OPERATION_NAME: "process",
+        }
+        n.add_server(attributes, message.nsqd_address)
+        if message.partition is not None:
+            attributes[n.PARTITION] = str(message.partition)
+        known = (
+            f"process {consumer.topic}",
+            attributes,
+            {**attributes, n.OPERATION_TYPE: "process"},
+        )
+        if len(self._process_attributes) < 4096:
+            key = (consumer.topic, consumer.channel, message.nsqd_address, message.partition)
+            self._process_attributes[key] = known
+        return known
+
+    def _end_process(
+        self,
+        span: trace.Span,
+        recording: bool,
+        base: dict[str, Any],
+        events: list[tuple[str, dict[str, Any] | None, int]] | None,
+        error: BaseException | None,
+        elapsed: float,
+    ) -> None:
+        events = events or []
         error_type: str | None = None
         if error is not None and not isinstance(error, RequeueMessage):
             error_type = n.error_type(error)
             if recording:
                 # (when the Consumer requeued for it, at the time of its REQ)
-                when = next((t for what, _, t in open_.events if what == "requeue"), None)
+                when = next((t for what, _, t in events if what == "requeue"), None)
                 span.record_exception(error, timestamp=when)
                 span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        for what, attributes, when in open_.events:
+        for what, attributes, when in events:
             if what == "give_up":
                 if error_type is None:
                     error_type = n.ERROR_GIVEN_UP
@@ -410,18 +538,21 @@ class ConsumeTelemetry:
         if error_type is not None:
             if recording:
                 span.set_attribute(n.ERROR_TYPE, error_type)
-            self.duration.record(elapsed, {**open_.attributes, n.ERROR_TYPE: error_type})
+            self._record_duration(elapsed, {**base, n.ERROR_TYPE: error_type})
         else:
-            self.duration.record(elapsed, open_.attributes)
+            self._record_duration(elapsed, base)
         span.end()
 
     def _end_give_up(self) -> None:
         """End the process span of a message this thread gave up on in take() (if any)."""
         local = self._local
-        open_ = getattr(local, "give_up", None)
+        open_ = local.give_up
         if open_ is not None:
             local.give_up = None
-            self._end_process(open_, None, time.monotonic() - open_.started)
+            elapsed = time.monotonic() - open_.started
+            self._end_process(
+                open_.span, open_.recording, open_.attributes, open_.events, None, elapsed
+            )
 
     def _parent(self, message: Message) -> otel_context.Context | None:
         """The publisher's context from a youzan message's ext header, or None."""
@@ -441,8 +572,10 @@ class ConsumeTelemetry:
 
     # ------------------------------------------------------------------ later answers
 
-    def _remember(self, consumer: Consumer, message: Message, open_: _Open) -> None:
-        entry = (open_.span.get_span_context(), open_.attributes, id(consumer))
+    def _remember(
+        self, consumer: Consumer, message: Message, span: trace.Span, attributes: dict[str, Any]
+    ) -> None:
+        entry = (span.get_span_context(), attributes, id(consumer))
         with self._lock:
             self._held[message] = entry
             _bound(self._held)
@@ -462,19 +595,22 @@ class ConsumeTelemetry:
         returned (enable_async)."""
         later = []
         now = time.time_ns()
+        running: dict[Message, _Worker] | None = None
         with self._lock:
             for message in messages:
-                open_ = self._open.get(message)
-                if open_ is not None:  # its handler still runs
-                    if action != "finish" or open_.events or self.finish_events:
-                        open_.events.append((action, _answer(action, delay, backoff), now))
-                    continue
                 if action == "touch":
                     held = self._held.get(message)
                 else:
                     held = self._held.pop(message, None)
-                if held is not None:
+                if held is not None:  # its handler returned (enable_async)
                     later.append((message, held))
+                    continue
+                if running is None:  # the handlers running now, by message
+                    running = {w.message: w for w in self._workers if w.message is not None}
+                open_ = running.get(message)
+                if open_ is not None:  # its handler still runs
+                    if action != "finish" or open_.events or self.finish_events:
+                        open_.add(action, _answer(action, delay, backoff), now)
         for message, (context, base, _) in later:
             attributes = {**base, n.OPERATION_NAME: action}
             if action != "touch":
@@ -495,10 +631,22 @@ class ConsumeTelemetry:
             span.end()
 
 
+def _message_id(message: Message) -> str:
+    """``messaging.message.id`` of a received message (see :func:`names.message_id`)."""
+    internal_id = message.internal_id
+    if internal_id is not None:
+        return str(internal_id)
+    try:
+        return message.id.decode("ascii")
+    except UnicodeDecodeError:
+        return message.id.hex()
+
+
 def _message_attributes(message: Message) -> dict[str, Any]:
-    """A process span's attributes that come from its message."""
+    """A process span's attributes that come from its message (at the start of a span that
+    records, :meth:`ConsumeTelemetry._start_process` builds the same in one dict)."""
     attributes: dict[str, Any] = {
-        n.MESSAGE_ID: n.message_id(message.internal_id, message.id),
+        n.MESSAGE_ID: _message_id(message),
         n.BODY_SIZE: len(message.body),
         n.NSQ_ATTEMPTS: message.attempts,
     }

@@ -200,8 +200,8 @@ def _call_attributes(event: PublishEvent) -> dict[str, Any]:
 class Finisher:
     """Ends the spans of asynchronous publishes on a thread of its own (``nsq-otel``).
 
-    Their Futures complete on a connection's reader thread, where nothing but nsqclient's own
-    code may run (docs/contributing.rst, "The threads"): a span processor that exports there
+    Their Futures complete on a connection's reader thread, which must never wait (it answers
+    the heartbeats: docs/contributing.rst, "The threads"): a span processor that exports there
     and then (the SDK's SimpleSpanProcessor) would hold up heartbeats for as long as its
     exporter takes.  The thread takes what has gathered, then waits :data:`LINGER` for more
     (one wake-up per batch, not per answer; the spans' times were taken when nsqd answered).

@@ -69,7 +69,12 @@ class Backlog:
             thread.join(max(timeout, 0.0))
 
     def wait_empty(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until every job has run; True if it has."""
+        """Wait up to ``timeout`` seconds until every job has run; True if it has.  On the
+        backlog's own thread (a job, or a done callback it runs, closing the Producer) it does
+        not wait: the job running is the one waiting."""
+        if threading.current_thread() is self._thread:
+            with self._lock:
+                return not self.jobs
         with self._idle:
             return self._idle.wait_for(lambda: not self.jobs, max(timeout, 0.0))
 

@@ -17,7 +17,9 @@ tried again, after a fresh lookup (the topic's last known route while no lookupd
 Nothing else is retried.  Past the timeout the publish raises NSQTimeoutError naming the last
 failure (``maybe_processed=False``: nothing was stored).  One policy (:class:`Attempts`)
 decides for the blocking path, which sleeps between attempts, and the asynchronous one, which
-waits on a timer.  Without lookupd (no router) the same path sends youzan's forms (a
+waits on a timer (:class:`Retries`: one ``nsq-pub-retry-<topic>`` thread per publish waiting;
+the Producer's close() lets those due by its deadline run, then cancels the others and joins
+them all).  Without lookupd (no router) the same path sends youzan's forms (a
 partition, a trace id, ext headers) to the Producer's given addresses, once.
 
 :class:`LookupPublisher` is a collaborator the Producer owns, beside the pool of nsqd endpoints
@@ -31,6 +33,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,7 +64,14 @@ if TYPE_CHECKING:
     #: Producer's given addresses)
     Target = tuple[int | None, list[Endpoint] | None]
 
-__all__ = ["LAST_ATTEMPT", "Attempts", "LookupPublisher", "NsqdWriter", "refused_unstored"]
+__all__ = [
+    "LAST_ATTEMPT",
+    "Attempts",
+    "LookupPublisher",
+    "NsqdWriter",
+    "Retries",
+    "refused_unstored",
+]
 
 logger = logging.getLogger("nsqclient.producer")
 
@@ -252,6 +262,25 @@ class LookupPublisher:
         self.config = config
         self._backlog = backlog
         self._outers = outers
+        self._retries = Retries()
+
+    def wait_retries(self, deadline: float) -> bool:
+        """Before the Producer closes: wait until ``deadline`` (a ``time.monotonic()``) for
+        the retries waiting or running now, and those they schedule, to have run, so that one
+        due before then still goes out; True if they have (see :meth:`Retries.wait`)."""
+        return self._retries.wait(deadline)
+
+    def cancel_retries(self) -> None:
+        """Once the Producer is closed: the retries not due yet are never run, and their
+        publishes fail now with ConnectionClosedError (nothing was stored)."""
+        for outer, error in self._retries.cancel():
+            self._outers.settle(outer, error=_closed_before_retry(error))
+
+    def join_retries(self, deadline: float) -> None:
+        """Join the retry timers, until ``deadline`` and at least 0.1 s: a retry running as the
+        Producer closed fails at once, no connection being made any more, unless it waits on a
+        lookupd request (bounded by ``lookupd_request_timeout``)."""
+        self._retries.join(deadline)
 
     def target(self, topic: str, partition: int | None, key: bytes | str | int | None) -> Target:
         """The partition and the endpoints (in order of preference) of one publish."""
@@ -406,10 +435,107 @@ class LookupPublisher:
         if isinstance(after, BaseException):
             self._outers.settle(outer, error=after)
             return
-        timer = threading.Timer(after, self._attempt, (attempts, outer, traced))
-        timer.name = f"nsq-pub-retry-{attempts.topic}"
-        timer.daemon = True
-        timer.start()
+
+        def retry() -> None:
+            self._attempt(attempts, outer, traced)
+
+        if not self._retries.schedule(after, attempts.topic, outer, exc, retry):
+            self._outers.settle(outer, error=_closed_before_retry(exc))
+
+
+class Retries:
+    """The asynchronous publishes by lookup waiting to be tried again, each on a timer thread
+    of its own, ``nsq-pub-retry-<topic>`` (not the backlog: a publish waiting for its retry
+    must not hold up those queued behind it), and the attempts those timers run.
+
+    Producer.close() lets the retries due before its deadline run, on connections still open
+    (:meth:`wait`), then, once it is closed, cancels those not due yet (:meth:`cancel`: their
+    publishes fail) and joins every timer (:meth:`join`)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        #: the timers not fired yet: each one's publish and what its last attempt failed with
+        self._due: dict[threading.Timer, tuple[OuterFuture, BaseException]] = {}
+        #: the timers whose thread may be alive (waiting, or running its attempt)
+        self._threads: set[threading.Timer] = set()
+        self._cancelled = False
+
+    def schedule(
+        self,
+        delay: float,
+        topic: str,
+        outer: OuterFuture,
+        error: BaseException,
+        attempt: Callable[[], None],
+    ) -> bool:
+        """Run ``attempt`` (the next attempt of ``outer``'s publish to ``topic``, whose last
+        one failed with ``error``) in ``delay`` seconds; False, and nothing scheduled, once
+        :meth:`cancel` was called."""
+        with self._cond:
+            if self._cancelled:
+                return False
+            timer = threading.Timer(delay, self._fire)
+            timer.args = (timer, attempt)
+            timer.name = f"nsq-pub-retry-{topic}"
+            timer.daemon = True
+            self._due[timer] = (outer, error)
+            self._threads.add(timer)
+            # started under the lock, so that join() never finds it made but not started
+            timer.start()
+        return True
+
+    def _fire(self, timer: threading.Timer, attempt: Callable[[], None]) -> None:
+        try:
+            with self._cond:
+                if self._due.pop(timer, None) is None:
+                    return  # cancelled as it fired: its publish failed already
+            attempt()
+        finally:
+            with self._cond:
+                self._threads.discard(timer)
+                self._cond.notify_all()
+
+    def wait(self, deadline: float) -> bool:
+        """Wait until ``deadline`` (a ``time.monotonic()``) for every timer but the caller's
+        to have fired and run its attempt, a retry that attempt schedules included; True if
+        they have.  (An attempt written to nsqd is then waited for as any publish in flight.)"""
+        current = threading.current_thread()
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._threads.difference((current,)),
+                max(deadline - time.monotonic(), 0.0),
+            )
+
+    def cancel(self) -> list[tuple[OuterFuture, BaseException]]:
+        """Schedule nothing more, and stop the timers not fired yet; return their publishes
+        (each with its last failure), which the caller fails."""
+        with self._cond:
+            self._cancelled = True
+            due = list(self._due.items())
+            self._due.clear()
+        for timer, _ in due:
+            timer.cancel()
+        return [publish for _, publish in due]
+
+    def join(self, deadline: float) -> None:
+        """Join every timer thread but the caller's (a done callback may close the Producer
+        on one), each until ``deadline`` and at least 0.1 s."""
+        current = threading.current_thread()
+        with self._cond:
+            threads = [t for t in self._threads if t is not current]
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.1))
+
+
+def _closed_before_retry(error: BaseException) -> ConnectionClosedError:
+    """The error of a publish whose retry the Producer's close() cancelled, after ``error``."""
+    closed = ConnectionClosedError(
+        f"this Producer was closed while the publish waited to be tried again (nothing was"
+        f" sent or stored); its last attempt failed: {error}",
+        maybe_processed=False,
+    )
+    closed.__cause__ = error
+    return closed
 
 
 def _after_refusal(command: bytes, endpoints: list[Endpoint] | None) -> None:

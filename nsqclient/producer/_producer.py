@@ -580,9 +580,12 @@ class Producer:
         deadline = time.monotonic() + timeout
         # Publishes accepted by pub_async and still waiting for a connection go out first.
         self._backlog.wait_empty(deadline - time.monotonic())
+        self._by_lookup.wait_retries(deadline)  # so do the retries due by the deadline
         self._pool.closed = True
+        self._by_lookup.cancel_retries()  # the others fail now: their Futures are done
         unanswered = self._wait_answered(deadline)
         self._pool.close(deadline)
+        self._by_lookup.join_retries(deadline)
         # what was backlogged fails now that no connection can be made: its thread ends
         self._backlog.close(max(deadline - time.monotonic(), 0.1))
         self._deadlines.stop()

@@ -196,6 +196,20 @@ class _Process:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signum)
 
+    def freeze(self, signum: int, timeout: float = START_TIMEOUT) -> None:
+        """Send ``signum`` (SIGSTOP) and return once the kernel shows the process stopped: the
+        signal is delivered asynchronously, and a request written before the process stops
+        would still be answered."""
+        self.signal(signum)
+        proc = self.proc
+        if proc is None:
+            return
+        deadline = time.monotonic() + timeout
+        while not _is_stopped(proc.pid):
+            if time.monotonic() > deadline:
+                raise RealNSQError(f"{self.name} did not stop within {timeout}s")
+            _PAUSE.wait(0.001)
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL."""
         proc = self.proc
@@ -429,7 +443,7 @@ class RealNSQ:
         """Freeze nsqd ``i`` (SIGSTOP): the kernel still accepts connections and buffers what
         is written, nothing is answered.  POSIX only: NotImplementedError where the platform
         has no SIGSTOP (Windows)."""
-        self._nsqd_process(i).signal(_posix_signal("SIGSTOP", "stall_nsqd"))
+        self._nsqd_process(i).freeze(_posix_signal("SIGSTOP", "stall_nsqd"))
 
     def unstall_nsqd(self, i: int) -> None:
         """Resume nsqd ``i`` after :meth:`stall_nsqd` (SIGCONT)."""
@@ -438,7 +452,7 @@ class RealNSQ:
     def stall_lookupd(self, i: int = 0) -> None:
         """Freeze nsqlookupd (SIGSTOP): connections are accepted by the kernel, nothing is
         answered."""
-        self._lookupd_process(i).signal(signal.SIGSTOP)
+        self._lookupd_process(i).freeze(signal.SIGSTOP)
 
     def unstall_lookupd(self, i: int = 0) -> None:
         """Resume nsqlookupd after :meth:`stall_lookupd` (SIGCONT)."""
@@ -624,3 +638,19 @@ def _posix_signal(name: str, control: str) -> int:
             f"{control} needs {name}, which this platform does not have (POSIX only)"
         )
     return int(signum)
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T): from /proc where there is one (Linux), from
+    ``ps`` elsewhere (macOS, the BSDs)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    result = subprocess.run(
+        ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, timeout=10
+    )
+    return result.stdout.strip().startswith("T")

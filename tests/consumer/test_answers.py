@@ -29,6 +29,10 @@ class FakeConn:
             raise ConnectionClosedError("closed")
         self.writes.append(data)
 
+    def put(self, data: bytes) -> None:  # a ConnFlow's: queued, or dropped once closed
+        if not self.closed:
+            self.writes.append(data)
+
 
 class Subject:
     topic = "t"

@@ -963,3 +963,67 @@ def test_stop_lets_handlers_work_through_the_messages_waiting_for_a_worker(nsqd,
     assert sorted(handled) == bodies
     stats = consumer.stats()
     assert (stats["finished"], stats["requeued"]) == (5, 0)
+
+
+def test_an_idle_worker_takes_what_waits_behind_a_blocked_handler(nsqd, consumers):
+    """Workers are handed runs (a socket read's messages): while one handler blocks, the other
+    worker handles every other message received, and nsqd gets their FINs meanwhile."""
+    node = nsqd.nsqd
+    release = threading.Event()
+    blocked: list[bytes] = []
+    handled = Calls()
+
+    def handler(message: Message) -> None:
+        if not blocked:
+            blocked.append(message.body)
+            release.wait(TIMEOUT)  # the load: a handler that blocks
+        handled.add(message)
+
+    consumer = consumers(
+        "c_run_shared",
+        "ch",
+        handler,
+        nsqd_tcp_addresses=node.tcp_address,
+        max_in_flight=10,
+        concurrency=2,
+    )
+    publish(node, "c_run_shared", [b"r%d" % i for i in range(10)])
+    try:
+        wait_for(lambda: len(handled) == 9, TIMEOUT, message=lambda: f"{handled.snapshot()}")
+        wait_for(
+            lambda: (channel_stats(node, "c_run_shared", "ch") or {}).get("in_flight_count") == 1,
+            TIMEOUT,
+        )
+        assert consumer.stats()["finished"] == 9
+    finally:
+        release.set()
+    wait_drained(node, "c_run_shared", "ch")
+    assert len(handled) == 10
+
+
+def test_a_fin_is_sent_while_the_next_handler_blocks(nsqd, consumers):
+    """One worker: each message's FIN is on its way to nsqd as its handler returns, not after
+    the handlers of the messages read with it."""
+    node = nsqd.nsqd
+    release = threading.Event()
+    started = threading.Event()
+
+    def handler(message: Message) -> None:
+        if message.body == b"second":
+            started.set()
+            release.wait(TIMEOUT)  # the load: a handler that blocks
+
+    consumer = consumers(
+        "c_fin_early", "ch", handler, nsqd_tcp_addresses=node.tcp_address, max_in_flight=5
+    )
+    publish(node, "c_fin_early", [b"first", b"second"])
+    try:
+        assert started.wait(TIMEOUT)
+        wait_for(
+            lambda: (channel_stats(node, "c_fin_early", "ch") or {}).get("in_flight_count") == 1,
+            TIMEOUT,
+        )
+        assert consumer.stats()["finished"] == 1
+    finally:
+        release.set()
+    wait_drained(node, "c_fin_early", "ch")

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ pytest.importorskip("sphinx", reason="Sphinx is not installed (dev extra)")
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 DOCS = os.path.join(ROOT, "docs")
+ROOT_PATH = Path(ROOT)
 sys.path.insert(0, os.path.join(DOCS, "_ext"))
 
 import nsqclient_options  # noqa: E402 - the extension, from docs/_ext
@@ -116,3 +118,57 @@ def test_the_api_reference_documents_no_private_module():
     with open(os.path.join(DOCS, "api.rst"), encoding="utf-8") as f:
         source = f.read()
     assert re.findall(r"nsqclient(?:\.\w+)*\._[a-z]\w*", source) == []
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[i:]:
+                obj = getattr(obj, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_dotted_path_the_guides_and_examples_name_exists():
+    """README.rst, the guides and the examples name only modules and names that import (a
+    logger's name, ``nsqclient.trace``, is not a module)."""
+    loggers = set()
+    for path in (ROOT_PATH / "nsqclient").rglob("*.py"):
+        loggers |= set(re.findall(r'getLogger\("([\w.]+)"\)', path.read_text(encoding="utf-8")))
+    sources = [
+        ROOT_PATH / "README.rst",
+        *(ROOT_PATH / "docs").glob("*.rst"),
+        *(ROOT_PATH / "examples").rglob("*.py"),
+    ]
+    named = {
+        (source.name, match)
+        for source in sources
+        for match in re.findall(r"\bnsqclient(?:\.[A-Za-z_]\w*)+", source.read_text("utf-8"))
+    }
+    assert len(named) > 50
+    wrong = sorted((f, n) for f, n in named if n not in loggers and not _resolves(n))
+    assert wrong == []
+    assert not _resolves("nsqclient.consumer.NoSuchName") and not _resolves("nsqclient.batch")
+
+
+def test_the_api_reference_documents_every_public_module_of_the_top():
+    """Each module at nsqclient/'s top whose name has no ``_`` in front is public: the page
+    has it (``automodule``, or its names)."""
+    with open(os.path.join(DOCS, "api.rst"), encoding="utf-8") as f:
+        source = f.read()
+    public = sorted(
+        p.stem for p in (ROOT_PATH / "nsqclient").glob("*.py") if not p.stem.startswith("_")
+    )
+    assert "protocol" in public
+    assert [
+        m for m in public if f"nsqclient.{m}." not in source and f"nsqclient.{m}\n" not in source
+    ] == []

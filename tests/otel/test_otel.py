@@ -420,6 +420,62 @@ def test_answers_after_the_handler_returned_are_spans_linked_to_it(telemetry, ns
     assert again.attributes[n.NSQ_ATTEMPTS] == 2
 
 
+def test_answers_from_another_thread_while_the_handler_runs_are_events_on_its_span(
+    telemetry, nsqd, consumers
+):
+    def handle(message: Message) -> None:
+        if message.attempts > 1:
+            return  # the requeued one, back: finished at once
+        other = threading.Thread(target=lambda: (message.touch(), message.requeue(0, False)))
+        other.start()
+        other.join(TIMEOUT)
+
+    consumer = consumers(
+        "otel_other_thread", "c", handle, nsqd_tcp_addresses=[nsqd.nsqd.tcp_address]
+    )
+    subscribed(consumer)
+    publish(nsqd.nsqd, "otel_other_thread", [b"answered elsewhere"])
+    first, again = telemetry.wait_spans("process otel_other_thread", 2)
+    assert [e.name for e in first.events] == [n.EVENT_TOUCH, n.EVENT_REQUEUE]
+    assert first.status.status_code is StatusCode.ERROR
+    assert first.attributes[n.ERROR_TYPE] == n.ERROR_REQUEUED
+    assert again.attributes[n.NSQ_ATTEMPTS] == 2
+    assert again.events == () and again.status.status_code is StatusCode.UNSET
+    assert telemetry.spans("requeue otel_other_thread") == []  # no span of its own
+
+
+def test_messages_handled_on_several_workers_are_each_counted_once(telemetry, nsqd, consumers):
+    count = 200
+    handled: list[bytes] = []
+    lock = threading.Lock()
+
+    def handle(message: Message) -> None:
+        with lock:
+            handled.append(message.body)
+
+    consumer = consumers(
+        "otel_workers",
+        "c",
+        handle,
+        nsqd_tcp_addresses=[nsqd.nsqd.tcp_address],
+        concurrency=4,
+        max_in_flight=50,
+    )
+    subscribed(consumer)
+    publish(nsqd.nsqd, "otel_workers", [b"%d" % i for i in range(count)])
+    spans = telemetry.wait_spans("process otel_workers", count)
+    assert len({s.context.span_id for s in spans}) == count
+    assert sorted(s.attributes[n.MESSAGE_ID] for s in spans) == sorted(
+        {s.attributes[n.MESSAGE_ID] for s in spans}
+    )
+    group = {n.DESTINATION: "otel_workers"}
+    wait_for(lambda: telemetry.total(n.PROCESS_DURATION, **group) == count, TIMEOUT)
+    assert telemetry.total(n.CONSUMED_MESSAGES, **group) == count
+    consumer.stop(timeout=5.0)  # its workers end: what they counted stays counted
+    assert telemetry.total(n.CONSUMED_MESSAGES, **group) == count
+    assert len(handled) == count
+
+
 def test_giving_up_is_recorded_on_the_span(telemetry, nsqd, consumers):
     given_up: list[Message] = []
     handled: list[int] = []

@@ -1,5 +1,6 @@
-"""nsqclient.otel's own pieces, without a broker: the Tally behind the message counters and
-the Finisher that ends asynchronous publishes' spans on the ``nsq-otel`` thread."""
+"""nsqclient.otel's own pieces, without a broker: the Tally behind the message counters (and
+its per-thread counts) and the Finisher that ends asynchronous publishes' spans on the
+``nsq-otel`` thread."""
 
 from __future__ import annotations
 
@@ -35,6 +36,52 @@ def test_a_tally_folds_what_it_counts_by_identity_past_its_bound():
         tally.add(1, attributes, interned=True)
     totals = {a["i"]: v for v, a in tally.read()}
     assert totals == {0: 1667, 1: 1667, 2: 1666}
+
+
+def test_a_tally_reads_the_counts_of_each_thread_while_it_lives_and_after_it_ended():
+    tally = Tally()
+    cached = {"a": 1}
+    tally.add(1, cached, interned=True)  # counted under the lock, by identity
+    ready, go = threading.Event(), threading.Event()
+
+    def count(times: int) -> None:
+        counts = tally.for_thread()
+        for _ in range(times):  # how a worker counts: by identity, no lock
+            entry = counts.counts.get(id(cached))
+            if entry is not None and entry[0] is cached:
+                entry[1] += 1
+            else:
+                counts.new(1, cached)
+        counts.new(5, {"a": 2})
+        ready.set()
+        go.wait(10)
+
+    thread = threading.Thread(target=count, args=(100,))
+    thread.start()
+    assert ready.wait(10)
+    live = sorted((v, sorted(a.items())) for v, a in tally.read())
+    assert live == [(5, [("a", 2)]), (101, [("a", 1)])]
+    go.set()
+    thread.join(10)
+    # the thread ended: its counts are folded into the tally's own, and read once
+    assert sorted((v, sorted(a.items())) for v, a in tally.read()) == live
+    tally.add(1, cached, interned=True)
+    assert {v for v, a in tally.read() if a == cached} == {102}
+
+
+def test_a_thread_tally_folds_a_dict_whose_id_another_one_had():
+    tally = Tally()
+    counts = tally.for_thread()
+    first = {"a": 1}
+    counts.new(3, first)
+    # A dict freed, and another made at its address: counted anew, the first one's kept.
+    second = {"a": 2}
+    counts.counts[id(second)] = counts.counts.pop(id(first))  # (what a reused id looks like)
+    counts.new(1, second)
+    assert sorted((v, sorted(a.items())) for v, a in tally.read()) == [
+        (1, [("a", 2)]),
+        (3, [("a", 1)]),
+    ]
 
 
 def test_the_finisher_runs_each_job_once_on_its_thread_and_flush_waits_for_them():

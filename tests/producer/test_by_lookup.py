@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import struct
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -31,12 +32,13 @@ from nsqclient.errors import (
 )
 from nsqclient.http import HTTPError
 from nsqclient.producer._backlog import Backlog
-from nsqclient.producer._by_lookup import LAST_ATTEMPT, LookupPublisher, NsqdWriter
+from nsqclient.producer._by_lookup import LAST_ATTEMPT, LookupPublisher, NsqdWriter, Retries
 from nsqclient.producer._nsqd_pool import NsqdPool
 from nsqclient.producer._outer_futures import OuterFutures
 from nsqclient.producer._producer import Producer
 from nsqclient.producer._publish_forms import PublishResult, mpub_builder, pub_builder
 from nsqclient.producer._router import Router
+from nsqclient.testing.waiting import wait_for
 
 TIMEOUT = 10.0
 
@@ -439,3 +441,73 @@ def test_the_timeout_names_the_last_failure_and_lookupds(way):
     assert "no leader of 't' could be reached within 0.6s" in text
     assert "connection refused" in text
     assert "lookupd meanwhile: no reply from" in text and "timed out after 2 s" in text
+
+
+# ---------------------------------------------------------------- the retry timers and close()
+
+
+def retry_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("nsq-pub-retry-t")]
+
+
+def submit(parts: Parts) -> Future:
+    build, traced = pub_builder(parts.publisher.router, False, "t", b"m", None, None, None)
+    return parts.publisher.submit("t", build, traced, None, None)
+
+
+GONE: list[bytes | BaseException] = [
+    ConnectionClosedError("refused", maybe_processed=False) for _ in range(50)
+]
+
+
+def test_cancelled_retries_fail_their_publishes_at_once_and_their_timers_are_joined():
+    """What Producer.close() does once closed: a retry not due yet never runs; its publish
+    fails now, saying nothing was sent, and the timer threads are joined."""
+    parts = Parts(list(GONE), pub_timeout=30.0)
+    future = submit(parts)
+    wait_for(retry_threads, TIMEOUT)
+    parts.nsqd.closed = True
+    parts.publisher.cancel_retries()
+    error = future.exception(0)
+    assert isinstance(error, ConnectionClosedError) and not error.maybe_processed
+    parts.publisher.join_retries(time.monotonic() + TIMEOUT)
+    assert retry_threads() == []
+
+
+def test_nothing_is_scheduled_once_the_retries_are_cancelled():
+    """A retry an attempt asks for as close() cancels the others: refused, so that the
+    caller fails its publish rather than leave a timer behind close()."""
+    parts = Parts([])
+    retries = Retries()
+    retries.cancel()
+    ran: list[int] = []
+    outer = parts.outers.track(time.monotonic() + TIMEOUT)
+    assert not retries.schedule(0.0, "t", outer, GONE[0], lambda: ran.append(1))
+    assert retries.wait(time.monotonic()) and retries.cancel() == []
+    assert ran == [] and retry_threads() == []
+
+
+def test_waiting_for_the_retries_lets_one_due_go_out():
+    """What Producer.close() does first: the retries due before its deadline run."""
+    parts = Parts([ConnectionClosedError("refused", maybe_processed=False), b"OK"])
+    future = submit(parts)
+    wait_for(lambda: retry_threads() or future.done(), TIMEOUT)
+    assert parts.publisher.wait_retries(time.monotonic() + TIMEOUT)
+    assert future.result(0) == b"OK"
+    assert [how for how, _, _ in parts.nsqd.writes] == ["first", "retry"]
+
+
+def test_a_done_callback_on_a_retry_thread_may_close_without_waiting_for_itself():
+    parts = Parts([ConnectionClosedError("refused", maybe_processed=False), b"OK"])
+    closed: list[tuple[str, bool]] = []
+
+    def close(future: Future) -> None:  # what Producer.close() asks of publishing by lookup
+        deadline = time.monotonic() + TIMEOUT
+        waited = parts.publisher.wait_retries(deadline)
+        parts.publisher.cancel_retries()
+        parts.publisher.join_retries(deadline)
+        closed.append((threading.current_thread().name, waited and time.monotonic() < deadline))
+
+    submit(parts).add_done_callback(close)
+    wait_for(lambda: closed, TIMEOUT)
+    assert closed == [("nsq-pub-retry-t", True)]

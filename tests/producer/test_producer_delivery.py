@@ -16,15 +16,13 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
-from nsqclient.conn._futures import RequestFuture, failure_of
+from nsqclient.conn._futures import failure_of
 from nsqclient.errors import (
-    BadMessageError,
     ConnectionClosedError,
     NSQError,
     NSQTimeoutError,
     UndeliveredError,
 )
-from nsqclient.producer._undelivered import cause, undelivered_error
 from nsqclient.testing.helpers import message_count
 from nsqclient.testing.waiting import wait_for
 
@@ -83,44 +81,6 @@ def test_the_summary_groups_failures_by_cause_not_by_their_timings():
         f"300 failed (300 x ConnectionClosedError from {address}: connection refused)" in message
     ), message
     assert "other reason" not in message
-
-
-def test_the_summary_names_nsqd_its_error_code_and_counts_the_other_reasons():
-    def failed(error: BaseException, address: str | None = None) -> RequestFuture:
-        future = RequestFuture()
-        if address is not None:
-            future.nsqd_address = address  # type: ignore[attr-defined]
-        future.set_exception(error)
-        return future
-
-    behind = ConnectionClosedError(
-        "connection to 10.0.0.1:4150 closed before nsqd answered: E_BAD_MESSAGE too big",
-        maybe_processed=False,
-        address="10.0.0.1:4150",
-    )
-    behind.__cause__ = BadMessageError("PUB message too big 2097152 > 1048576")
-    reset = ConnectionClosedError("connection to 10.0.0.2:4150 closed", address="10.0.0.2:4150")
-    reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")
-    futures = [
-        *(failed(BadMessageError(f"PUB message too big {n} > 1048576"), "10.0.0.1:4150")
-          for n in (2097152, 3000000)),
-        *(failed(behind) for _ in range(3)),
-        failed(reset),
-        failed(NSQTimeoutError("no nsqd connection within pub_timeout (10s); nothing was sent")),
-        failed(ValueError("bad")),
-    ]  # fmt: skip
-    error = undelivered_error("flush()", futures, 0, [], 1.0)
-    assert error is not None
-    message = str(error)
-    assert "8 failed (3 x ConnectionClosedError from 10.0.0.1:4150: E_BAD_MESSAGE;" in message
-    assert "; 2 x BadMessageError from 10.0.0.1:4150: E_BAD_MESSAGE;" in message
-    assert "; and 2 other reasons)" in message, message
-    assert cause(reset) == ("ConnectionClosedError from 10.0.0.2:4150: connection reset by peer")
-    assert cause(futures[6].failure()) == (
-        "NSQTimeoutError: no nsqd connection within pub_timeout; nothing was sent"
-    )
-    one_more = undelivered_error("flush()", futures[:7], 0, [], 1.0)
-    assert "; and 1 other reason)" in str(one_more)
 
 
 def test_leaving_the_with_block_raises_for_what_was_not_delivered():
