@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from nsqclient.config import Config
-from nsqclient.conn._connection import Connection
-from nsqclient.consumer._consumer import Consumer
-from nsqclient.producer._producer import Producer
+from nsqclient.conn import Connection
+from nsqclient.consumer import Consumer
+from nsqclient.producer import Producer
 
 # The embedded NSQ's fixtures (nsqd, nsq_cluster, ...): opt-in, as for any project using them.
 pytest_plugins = ["nsqclient.testing.pytest_plugin"]
@@ -75,3 +76,35 @@ def connect() -> Iterator[Any]:
     yield make
     for conn in made:
         conn.close(timeout=2.0)
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    """``host:port`` where a connect hangs (no SYN-ACK ever comes): a listener whose accept
+    queue is full, so the kernel drops every new SYN, as a firewall that drops packets does."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    where = listener.getsockname()
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(where)
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    probe = socket.socket()
+    probe.settimeout(0.2)
+    try:
+        with pytest.raises(TimeoutError):  # the precondition: a dial there hangs
+            probe.connect(where)
+    finally:
+        probe.close()
+    try:
+        yield f"127.0.0.1:{where[1]}"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()

@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 import types
-from collections.abc import Iterator
 
 import pytest
 
@@ -27,38 +26,6 @@ from nsqclient.testing.waiting import wait_for
 
 def alive(prefix: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(prefix)]
-
-
-@pytest.fixture
-def blackhole() -> Iterator[str]:
-    """``host:port`` where a connect hangs (no SYN-ACK ever comes): a listener whose accept
-    queue is full, so the kernel drops every new SYN, as a firewall that drops packets does."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    address = listener.getsockname()
-    fillers = []
-    for _ in range(4):
-        s = socket.socket()
-        s.setblocking(False)
-        try:
-            s.connect(address)
-        except BlockingIOError:
-            pass
-        fillers.append(s)
-    probe = socket.socket()
-    probe.settimeout(0.3)
-    try:
-        with pytest.raises(TimeoutError):  # the precondition: a dial there hangs
-            probe.connect(address)
-    finally:
-        probe.close()
-    try:
-        yield f"127.0.0.1:{address[1]}"
-    finally:
-        for s in fillers:
-            s.close()
-        listener.close()
 
 
 # ---------------------------------------------------------------------------- Consumers

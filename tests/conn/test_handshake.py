@@ -229,38 +229,6 @@ def refused() -> Iterator[str]:
         yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-@pytest.fixture
-def blackhole() -> Iterator[str]:
-    """``host:port`` where a connect hangs: a listener whose accept queue is full, so the
-    kernel drops every new SYN."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    where = listener.getsockname()
-    fillers = []
-    for _ in range(4):
-        filler = socket.socket()
-        filler.setblocking(False)
-        try:
-            filler.connect(where)
-        except BlockingIOError:
-            pass
-        fillers.append(filler)
-    probe = socket.socket()
-    probe.settimeout(0.2)
-    try:
-        with pytest.raises(TimeoutError):  # the precondition: a dial there hangs
-            probe.connect(where)
-    finally:
-        probe.close()
-    try:
-        yield f"127.0.0.1:{where[1]}"
-    finally:
-        for filler in fillers:
-            filler.close()
-        listener.close()
-
-
 # ------------------------------------------------------------------------------------------------
 # Success
 
