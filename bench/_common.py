@@ -1265,3 +1265,18 @@ def run_go_tool(argv: Sequence[str], timeout: float) -> dict[str, Any]:
         "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "output": output.strip().splitlines()[-1],
     }
+
+
+def message_frames(n: int, size: int) -> bytes:
+    """``n`` classic NSQ message frames of ``size``-byte bodies, as nsqd sends them (for the
+    step benches, which feed them to the client with no broker)."""
+    from nsqclient import protocol
+
+    body = os.urandom(size // 2 + 1).hex().encode()[:size]
+    now = time.time_ns()
+    return b"".join(
+        protocol.encode_frame(
+            protocol.FRAME_TYPE_MESSAGE, protocol.encode_message(now, 1, b"%016x" % i, body)
+        )
+        for i in range(n)
+    )

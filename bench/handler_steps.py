@@ -28,25 +28,11 @@ messages and commands to each other across threads (locks, wake-ups, the GIL), w
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
 
 import _common as common
-
-
-def frames(n: int, size: int) -> bytes:
-    from nsqclient import protocol
-
-    body = os.urandom(size // 2 + 1).hex().encode()[:size]
-    now = time.time_ns()
-    return b"".join(
-        protocol.encode_frame(
-            protocol.FRAME_TYPE_MESSAGE, protocol.encode_message(now, 1, b"%016x" % i, body)
-        )
-        for i in range(n)
-    )
 
 
 class _Transport:
@@ -81,7 +67,7 @@ def main(argv: list[str]) -> int:
     from nsqclient.protocol import FrameReader, MessageRun, decode_message_at
 
     n = args.messages
-    data = frames(n, args.size)
+    data = common.message_frames(n, args.size)
     reads = [data[i : i + args.read] for i in range(0, len(data), args.read)]
     calls = [0]
 
@@ -104,7 +90,7 @@ def main(argv: list[str]) -> int:
 
     # Groups of reads holding at most --max-in-flight messages: what a real Consumer holds at
     # once (the garbage collector's passes grow with what is alive).
-    per_read = max(1, args.read // len(frames(1, args.size)))
+    per_read = max(1, args.read // len(common.message_frames(1, args.size)))
     per_group = max(1, args.max_in_flight // per_read)
     groups = [reads[i : i + per_group] for i in range(0, len(reads), per_group)]
 

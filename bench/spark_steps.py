@@ -23,7 +23,6 @@ The garbage collector's thresholds are raised as the source raises them in Spark
 from __future__ import annotations
 
 import argparse
-import os
 import pickle
 import sys
 import time
@@ -31,19 +30,6 @@ from collections.abc import Callable
 from typing import Any
 
 import _common as common
-
-
-def frames(n: int, size: int) -> bytes:
-    from nsqclient import protocol
-
-    body = os.urandom(size // 2 + 1).hex().encode()[:size]
-    now = time.time_ns()
-    return b"".join(
-        protocol.encode_frame(
-            protocol.FRAME_TYPE_MESSAGE, protocol.encode_message(now, 1, b"%016x" % i, body)
-        )
-        for i in range(n)
-    )
 
 
 def best(repeat: int, step: Callable[[], Any]) -> tuple[float, Any]:
@@ -78,7 +64,7 @@ def main(argv: list[str]) -> int:
     relax_gc()  # as in Spark's source process
 
     n = args.messages
-    data = frames(n, args.size)
+    data = common.message_frames(n, args.size)
     reads = [data[i : i + args.read] for i in range(0, len(data), args.read)]
     origin = Origin("127.0.0.1:4150", "127.0.0.1:4150")
 
