@@ -2,8 +2,9 @@
 balancer, the work queue, the dispatch to handler workers or to takers, the answers (FIN, REQ,
 TOUCH) and the columnar batches of ``take_batches()``."""
 
+from ._arguments import Handler
 from ._batch import HEADER_SIZE, ID_OFFSET, BatchResponder, MessageBatch, Origin
-from ._consumer import ConnectionCounts, Consumer, Handler
+from ._consumer import ConnectionCounts, Consumer
 
 __all__ = [
     "HEADER_SIZE",

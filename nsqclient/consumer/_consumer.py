@@ -29,14 +29,13 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from .. import protocol
-from ..addresses import lookupd_addresses, nsqd_addresses
 from ..backoff import BackoffState
 from ..checks import check_float, check_int
-from ..config import Config, ConsumerOptions, add_options_help, check_owner
+from ..config import ConsumerOptions, add_options_help
 from ..conn._connection import Connection
 from ..errors import NSQError, ServerError
 from ..message import Message
@@ -44,7 +43,9 @@ from ..observe import ObserverSet, tell
 from ..platforms import stop_signals
 from ..rdy import is_starved
 from ._answers import Responder
+from ._arguments import Handler, check_addresses, check_config, check_mode
 from ._batch import MessageBatch, Origin
+from ._delegate import Delegate
 from ._delivery import Handling
 from ._discovery import Discovery
 from ._discovery import split_key as split_key  # re-exported (subscription keys)
@@ -56,60 +57,6 @@ from ._work_queue import Intake
 __all__ = ["Consumer", "ConnectionCounts"]
 
 logger = logging.getLogger("nsqclient.consumer")
-
-Handler = Callable[[Message], Any]
-
-
-class _Delegate:
-    """What a Connection and the Discovery call back (see
-    :class:`~nsqclient.conn.ConnectionDelegate` and
-    :class:`~nsqclient.consumer._discovery.DiscoveryOwner`), kept off the Consumer's public
-    face.  The connections are the Consumer's: the Discovery hands each one over once subscribed
-    (:meth:`subscribed`) and is told when it closes."""
-
-    __slots__ = ("_consumer", "on_message_run")
-
-    def __init__(self, consumer: Consumer):
-        self._consumer = consumer
-        # The connections hand over each read's messages undecoded (see conn/_connection.py).
-        self.on_message_run = consumer._on_message_run
-
-    def on_message(self, conn: Connection, decoded: protocol.DecodedMessage) -> None:
-        self._consumer._on_messages(conn, [decoded])
-
-    def on_server_error(self, conn: Connection, error: ServerError) -> None:
-        self._consumer._on_server_error(conn, error)
-
-    def on_close(self, conn: Connection, reason: BaseException | None) -> None:
-        self._consumer._on_close(conn, reason)
-
-    def held_keys(self) -> Collection[str]:
-        consumer = self._consumer
-        with consumer._lock:
-            return set(consumer._conns)
-
-    def subscribed(self, conn: Connection) -> bool:
-        consumer = self._consumer
-        with consumer._lock:
-            if consumer._stopping.is_set() or conn.is_closed:
-                return False
-            consumer._conns[conn.key] = ConnFlow(conn, time.monotonic())
-        return True
-
-    def connection_made(self, key: str) -> None:
-        consumer = self._consumer
-        observers = consumer._observers.active
-        if observers:
-            tell(observers, "connection_made", consumer, key)
-        consumer._rdy_wake.set()
-
-    def connection_lost(self, key: str, reason: BaseException | None) -> None:
-        observers = self._consumer._observers.active
-        if observers:
-            tell(observers, "connection_lost", self._consumer, key, reason)
-
-    def fail(self, error: NSQError) -> None:
-        self._consumer._fail(error)
 
 
 class Consumer:
@@ -170,14 +117,14 @@ class Consumer:
         self.topic = protocol.check_topic_name(topic)
         self.channel = protocol.check_channel_name(channel)
         #: pull mode (no handler): messages wait in the work queue until take()
-        self._pull, self._columnar = self._check_mode(handler, columnar)
-        self.config = self._check_config(options)
-        self.nsqd_tcp_addresses, self.lookupd_http_addresses = self._check_addresses(
+        self._pull, self._columnar = check_mode(handler, columnar)
+        self.config = check_config(options)
+        self.nsqd_tcp_addresses, self.lookupd_http_addresses = check_addresses(
             nsqd_tcp_addresses, lookupd_http_addresses
         )
         self.partition = None if partition is None else check_int(partition, "partition", min=0)
         self.ordered = bool(ordered)
-        self._delegate = _Delegate(self)
+        self._delegate = Delegate(self)
         self._discovery = self._make_discovery(on_connect, on_disconnect)
         self.on_out_of_order = on_out_of_order
         #: the error that stopped the consumer for good (see error)
@@ -190,36 +137,6 @@ class Consumer:
         self._init_message_path(handler)
 
     # What __init__ does, one job each (in its order: a later step reads what an earlier one set).
-
-    @staticmethod
-    def _check_mode(handler: Handler | None, columnar: bool) -> tuple[bool, bool]:
-        """``(pull, columnar)``: pull mode without a handler; columnar only in pull mode."""
-        if handler is not None and not callable(handler):
-            raise TypeError(f"handler must be callable or None, not {type(handler).__name__}")
-        pull = handler is None
-        if columnar and not pull:
-            raise ValueError("columnar=True is for pull mode: make the Consumer with handler=None")
-        return pull, bool(columnar)
-
-    @staticmethod
-    def _check_config(options: ConsumerOptions) -> Config:
-        """The options as a :class:`~nsqclient.config.Config` (TypeError for one that only a
-        Producer takes)."""
-        check_owner(options, "Consumer")
-        return Config(**options)
-
-    @staticmethod
-    def _check_addresses(
-        nsqd_tcp_addresses: str | Sequence[str] | None,
-        lookupd_http_addresses: str | Sequence[str] | None,
-    ) -> tuple[list[str], list[str]]:
-        """The nsqd and lookupd addresses, parsed (:mod:`nsqclient.addresses`); one of them
-        is needed."""
-        nsqd = nsqd_addresses(nsqd_tcp_addresses, "nsqd_tcp_addresses")
-        lookupd = lookupd_addresses(lookupd_http_addresses, "lookupd_http_addresses")
-        if not nsqd and not lookupd:
-            raise ValueError("Consumer needs nsqd_tcp_addresses or lookupd_http_addresses")
-        return nsqd, lookupd
 
     def _make_discovery(
         self,
@@ -785,7 +702,8 @@ class Consumer:
         return self._responder.answer_batches(list(batches), "touch", None, False)
 
     # ================================================================ connection delegate
-    # (via _Delegate; these run on a connection's reader thread: quick, never user code)
+    # (via Delegate, consumer/_delegate.py; these run on a connection's reader thread: quick,
+    # never user code)
 
     def _flow(self, conn: Connection) -> ConnFlow:
         """The consumer's side of ``conn`` (one that is not in the table, a connection being

@@ -27,7 +27,7 @@ __all__ = ["Ledger", "HeldBatch"]
 
 
 class HeldBatch(Protocol):
-    """What the ledger needs of a batch (nsqclient.consumer._batch.MessageBatch has it)."""
+    """What the ledger needs of a batch (nsqclient.consumer.MessageBatch has it)."""
 
     received_at: float
     touched_at: float | None
