@@ -12,7 +12,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -107,12 +106,6 @@ def programs():
         program.kill()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def topic_count(cluster, topic: str) -> int:
     """Messages nsqd has received on ``topic`` (0 when it does not exist yet)."""
     reply = requests.get(
@@ -173,12 +166,16 @@ def test_periodic_callback_writer_publishes_and_sigterm_stops_it(nsqd, programs,
 
 def test_tornado_web_handler_publishes_and_answers_200(nsqd, programs, tmp_path):
     # pynsq's second Writer example: a tornado.web handler publishes through the application's
-    # Writer (pub, mpub, dpub in MILLISECONDS, pub with its own callback), then answers.
-    port = free_port()
+    # Writer (pub, mpub, dpub in MILLISECONDS, pub with its own callback), then answers.  The
+    # program takes a port of its own and says which (a port picked here could be taken by
+    # another process before the program listens on it).
     program = programs(
         f"""
         import functools
+        import socket
 
+        import tornado.httpserver
+        import tornado.netutil
         import tornado.web
         import nsqclient as nsq
 
@@ -207,18 +204,16 @@ def test_tornado_web_handler_publishes_and_answers_200(nsqd, programs, tmp_path)
         application.nsq = nsq.Writer(["{nsqd.nsqd.tcp_address}"])
 
         if __name__ == "__main__":
-            application.listen({port}, address="127.0.0.1")
+            [listening] = tornado.netutil.bind_sockets(0, "127.0.0.1", socket.AF_INET)
+            tornado.httpserver.HTTPServer(application).add_sockets([listening])
+            print("listening", listening.getsockname()[1], flush=True)
             nsq.run()
             print("run returned")
         """,
         tmp_path,
     )
 
-    def listening() -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(listening, 20, 0.05, "the tornado application never listened")
+    port = int(program.wait_line(lambda line: line.startswith("listening ")).split()[1])
     for _ in range(2):
         reply = requests.get(f"http://127.0.0.1:{port}/", timeout=10)
         assert reply.status_code == 200
