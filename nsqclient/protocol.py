@@ -85,6 +85,7 @@ _I32 = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">Ii")  # size, frame type
 #: one whole ``OK`` response frame, as nsqd sends it
 OK_FRAME = _FRAME_HEAD.pack(4 + len(OK), FRAME_TYPE_RESPONSE) + OK
+_OK_LEN = len(OK_FRAME)
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 _MSG_HEADER = struct.Struct(">qH16s")  # timestamp ns, attempts, id
 _MSG_HEADER_SIZE = _MSG_HEADER.size  # 26
@@ -481,14 +482,30 @@ class FrameReader:
         """Bytes received but not yet returned as a frame."""
         return len(self._buf)
 
-    def ok_frames(self, data: bytes) -> int:
-        """How many ``OK`` responses ``data`` is, when it is nothing but whole ``OK`` frames
-        and no earlier bytes wait to be completed (a publisher's usual read); 0 otherwise, and
-        then :meth:`feed` it.  Counted data needs no :meth:`feed`."""
-        if self._buf or self._error is not None or not data.startswith(OK_FRAME):
-            return 0
-        count = data.count(OK_FRAME)  # non-overlapping: they tile data exactly when
-        return count if count * len(OK_FRAME) == len(data) else 0
+    def leading_oks(self, data: bytes) -> tuple[int, int]:
+        """A publisher's usual read: ``(count, used)``, where the stream's next ``count``
+        frames are ``OK`` responses made of what was buffered and ``data[:used]``.  They are
+        taken here (not returned by :meth:`feed`), and ``data[used:]`` must be fed next.
+        ``(0, 0)``, taking nothing, when the next frame is not a whole ``OK``."""
+        if self._error is not None:
+            return 0, 0
+        count = used = 0
+        buffered = self._buf
+        if buffered:  # an OK cut by the previous read?
+            used = _OK_LEN - len(buffered)
+            if used <= 0 or buffered + data[:used] != OK_FRAME:
+                return 0, 0
+            self._buf = bytearray()
+            count = 1
+        whole = (len(data) - used) // _OK_LEN
+        if whole and data.startswith(OK_FRAME, used):
+            end = used + whole * _OK_LEN
+            if data.count(OK_FRAME, used, end) == whole:  # non-overlapping: they tile it
+                return count + whole, end
+            while data.startswith(OK_FRAME, used):  # OKs, then another frame
+                count += 1
+                used += _OK_LEN
+        return count, used
 
     def feed(self, data: bytes) -> list[Frame]:
         """Add bytes; return every frame they complete, in order."""

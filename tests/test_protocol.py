@@ -912,33 +912,44 @@ def test_mpub_refuses_an_empty_body_among_plain_ones():
 
 
 # ------------------------------------------------------------------------------------------------
-# FrameReader.ok_frames: a publisher's read of nothing but OK answers
+# FrameReader.leading_oks: a publisher's read of OK answers
 
 
 def _frame(data: bytes, frame_type: int = protocol.FRAME_TYPE_RESPONSE) -> bytes:
     return struct.pack(">ll", len(data) + 4, frame_type) + data
 
 
-def test_ok_frames_counts_a_read_of_whole_ok_frames_only() -> None:
+def test_leading_oks_counts_the_whole_ok_frames_a_read_begins_with() -> None:
     reader = FrameReader()
     ok = protocol.OK_FRAME
     assert ok == _frame(b"OK")
-    assert reader.ok_frames(ok) == 1
-    assert reader.ok_frames(ok * 300) == 300
-    assert reader.ok_frames(ok * 2 + ok[:5]) == 0  # ends inside a frame: feed() it
-    assert reader.ok_frames(ok + _frame(protocol.HEARTBEAT)) == 0
-    assert reader.ok_frames(_frame(b"OKAY")) == 0
-    assert reader.ok_frames(_frame(b"E_INVALID x", protocol.FRAME_TYPE_ERROR) + ok) == 0
-    assert reader.ok_frames(b"") == 0
+    assert reader.leading_oks(ok) == (1, 10)
+    assert reader.leading_oks(ok * 300) == (300, 3000)
+    assert reader.leading_oks(ok * 2 + ok[:5]) == (2, 20)  # the cut one is fed
+    assert reader.leading_oks(ok + _frame(protocol.HEARTBEAT) + ok) == (1, 10)
+    assert reader.leading_oks(_frame(b"OKAY")) == (0, 0)
+    assert reader.leading_oks(_frame(b"E_INVALID x", protocol.FRAME_TYPE_ERROR) + ok) == (0, 0)
+    assert reader.leading_oks(b"") == (0, 0)
 
 
-def test_ok_frames_is_zero_while_a_frame_is_incomplete() -> None:
+def test_leading_oks_completes_an_ok_the_previous_read_cut() -> None:
     reader = FrameReader()
     ok = protocol.OK_FRAME
     assert reader.feed(ok[:3]) == []
-    assert reader.ok_frames(ok * 2) == 0  # these bytes complete the frame begun earlier
-    assert [f.data for f in reader.feed(ok[3:] + ok)] == [b"OK", b"OK"]
-    assert reader.ok_frames(ok) == 1
+    assert reader.leading_oks(ok[3:] + ok * 2 + ok[:4]) == (3, 27)
+    assert reader.buffered == 0  # taken: nothing is left from the cut one
+    assert reader.feed(ok[:4]) == [] and reader.leading_oks(ok[4:]) == (1, 6)
+
+
+def test_leading_oks_takes_nothing_while_another_frame_is_incomplete() -> None:
+    reader = FrameReader()
+    heartbeat = _frame(protocol.HEARTBEAT)
+    assert reader.feed(heartbeat[:3]) == []
+    assert reader.leading_oks(heartbeat[3:]) == (0, 0)
+    assert [f.data for f in reader.feed(heartbeat[3:])] == [protocol.HEARTBEAT]
+    assert reader.feed(protocol.OK_FRAME[:3]) == []
+    assert reader.leading_oks(protocol.OK_FRAME[3:5]) == (0, 0)  # not whole yet
+    assert reader.buffered == 3
 
 
 frame_st = st.sampled_from(
@@ -954,11 +965,12 @@ frame_st = st.sampled_from(
 
 @settings(max_examples=200, deadline=None)
 @given(frames=st.lists(frame_st, max_size=30), cuts=st.lists(st.integers(0, 400), max_size=6))
-def test_ok_frames_then_feed_reads_what_feed_alone_reads(
+def test_leading_oks_then_feed_reads_what_feed_alone_reads(
     frames: list[bytes], cuts: list[int]
 ) -> None:
-    """A reader that counts OK-only reads and feeds the rest sees the same answers, in the
-    same order, as one that feeds everything, however the stream is cut into reads."""
+    """A reader that counts the OKs a read begins with and feeds the rest sees the same
+    answers, in the same order, as one that feeds everything, however the stream is cut into
+    reads."""
     stream = b"".join(frames)
     points = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
     reads = [stream[a:b] for a, b in zip(points, points[1:], strict=False)]
@@ -966,9 +978,7 @@ def test_ok_frames_then_feed_reads_what_feed_alone_reads(
     expected = [tuple(f) for r in reads for f in plain.feed(r)]
     got: list[tuple[int, bytes]] = []
     for r in reads:
-        oks = fast.ok_frames(r)
-        if oks:
-            got.extend([(protocol.FRAME_TYPE_RESPONSE, protocol.OK)] * oks)
-        else:
-            got.extend(tuple(f) for f in fast.feed(r))
+        oks, used = fast.leading_oks(r)
+        got.extend([(protocol.FRAME_TYPE_RESPONSE, protocol.OK)] * oks)
+        got.extend(tuple(f) for f in fast.feed(r[used:]))
     assert got == expected

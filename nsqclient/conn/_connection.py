@@ -64,6 +64,8 @@ __all__ = [
 logger = logging.getLogger("nsqclient.conn")
 
 _STOP = object()
+#: queued for the writer: requests wait in the connection's Pending (see offer())
+_REQUESTS = object()
 #: bytes of queued commands joined into one socket write at most (one command may be more)
 _WRITE_SIZE = 64 * 1024
 # Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
@@ -342,28 +344,35 @@ class Connection:
         """:meth:`request` for a ``future`` that is already running: False, and ``future``
         left as it is (it may go to another connection), when this connection does not take
         requests any more (not connected, or after nsqd's fatal error)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not a with statement: it costs a lookup and two method objects
+        try:
             if self.state is not _CONNECTED or self._fatal_error is not None:
                 return False
             pending = self._pending
             pending.items.append(future)
             self.messages_sent += messages
+            unsent = pending.unsent
+            if unsent:  # the writer has been woken for those: it takes this one too
+                unsent.append(command)
+                return True
             # Every earlier request written and no one writing: write it here rather than wake
             # the writer, when the caller is about to block on the answer anyway (a Waiter) or
             # nothing else is in flight; a caller pipelining futures leaves the writing to the
-            # writer, which joins them.  Otherwise queue it behind the others, so that answers
-            # keep the order of self._pending.  It may pass queued FIN/RDY/NOP, which get no
-            # answer and need no order relative to it.
+            # writer, which joins them.  Otherwise the writer takes it from self._pending, in
+            # the order of the answers.  It may pass queued FIN/RDY/NOP, which get no answer
+            # and need no order relative to it.
             direct = (
-                not pending.unsent
-                and (type(future) is Waiter or len(pending.items) - pending.head == 1)
-                and self._send_lock.acquire(blocking=False)
-            )
+                type(future) is Waiter or len(pending.items) - pending.head == 1
+            ) and self._send_lock.acquire(blocking=False)
             if not direct:
-                pending.unsent += 1
-                self._queue.put((command, future))
+                unsent.append(command)
+        finally:
+            lock.release()
         if direct:
             self._write_direct(command, future)
+        else:
+            self._queue.put(_REQUESTS)
         return True
 
     def _write_direct(self, command: bytes, future: RequestFuture | Waiter) -> None:
@@ -413,50 +422,57 @@ class Connection:
         transport = self._transport
         assert transport is not None
         q = self._queue
-        stop = False
+        pending = self._pending
+        #: requests were left in self._pending by the last write (it was full): no waiting
+        more = False
+        #: _STOP was taken: what is left in self._pending is written, then the loop ends
+        stopping = False
+        item: Any  # a command (bytes), _REQUESTS or _STOP
         try:
-            while not stop:
-                try:
-                    item = q.get(timeout=1.0)
-                except queue.Empty:
-                    if self.state is ConnectionState.CLOSED:
-                        return
-                    continue
-                if item is _STOP:
-                    return
-                #: what is queued: commands, and (command, future) requests (see offer())
-                items: list[Any] = []
-                requests = size = 0
+            while True:
+                if stopping:
+                    item = _STOP
+                elif more:
+                    try:
+                        item = q.get_nowait()
+                    except queue.Empty:
+                        item = _REQUESTS
+                else:
+                    try:
+                        item = q.get(timeout=1.0)
+                    except queue.Empty:
+                        if self.state is ConnectionState.CLOSED:
+                            return
+                        continue
+                stop = item is _STOP
+                #: the commands queued (FIN, RDY, NOP...), then the requests' from self._pending
+                items: list[bytes] = []
+                size = 0
                 # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
                 # glibc keep freed megabytes around (its mmap threshold grows with them).
-                while True:
-                    if type(item) is tuple:
-                        requests += 1
-                        size += len(item[0])
-                    else:
+                while not stop:
+                    if item is not _REQUESTS:
+                        items.append(item)
                         size += len(item)
-                    items.append(item)
-                    if size >= _WRITE_SIZE:
-                        break
+                        if size >= _WRITE_SIZE:
+                            break
                     try:
                         item = q.get_nowait()
                     except queue.Empty:
                         break
-                    if item is _STOP:
-                        stop = True
-                        break
+                    stop = item is _STOP
                 with self._send_lock:
-                    if requests:
-                        # Written from here on, as far as expire_before() is concerned.
-                        with self._lock:
-                            pending = self._pending
-                            if pending.dropped:
-                                items, taken_out = pending.without_dropped(items)
-                                requests -= taken_out
-                            pending.unsent -= requests
-                        if not items:
-                            continue
-                    transport.sendall(_joined(items))
+                    # Taken, they count as written as far as expire_before() is concerned.
+                    with self._lock:
+                        if pending.unsent and size < _WRITE_SIZE:
+                            items += pending.take_unsent(_WRITE_SIZE - size)
+                        more = bool(pending.unsent)
+                    if items:
+                        transport.sendall(items[0] if len(items) == 1 else b"".join(items))
+                if stop:
+                    if not more:
+                        return
+                    stopping = True
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
 
@@ -641,10 +657,12 @@ class Connection:
 
     def _process(self, data: bytes) -> None:
         """Handle one read's bytes in order: a run of message frames at once, others each."""
-        oks = self._frames.ok_frames(data)
+        oks, used = self._frames.leading_oks(data)
         if oks:
             self._answer_oks(oks)
-            return
+            if used == len(data):
+                return
+            data = data[used:]
         run_type = protocol.MessageRun
         for item in self._frames.feed_runs(data):
             if type(item) is run_type:
@@ -803,14 +821,6 @@ class Connection:
             "compression": t.compression if t else None,
             "max_rdy_count": self.max_rdy_count,
         }
-
-
-def _joined(items: list[Any]) -> bytes:
-    """The bytes of the writer's batch ``items`` (commands and (command, future) requests)."""
-    if len(items) == 1:
-        item = items[0]
-        return item[0] if type(item) is tuple else item
-    return b"".join([i[0] if type(i) is tuple else i for i in items])
 
 
 def _forwarding_to(future: Future) -> RequestFuture:

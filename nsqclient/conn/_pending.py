@@ -2,10 +2,11 @@
 
 nsqd answers requests (PUB, MPUB, DPUB, SUB, CLS...) in the order it reads them, so a
 connection keeps their futures in a FIFO and hands each answer to the oldest.  :class:`Pending`
-is that FIFO and what goes with it: how many of the newest are still queued for the writer
-(unsent), a place for every request ever sent (for :meth:`Pending.mark`), and the requests
-expired before they were written, which the writer must drop.  It holds no lock: its
-connection's lock guards every call.
+is that FIFO and what goes with it: the commands of the newest requests, not written yet, which
+the writer takes from here in their order (:meth:`Pending.take_unsent`), and a place for every
+request ever sent (for :meth:`Pending.mark`).  A request expired before it was written is taken
+out with its command, so it is never written.  It holds no lock: its connection's lock guards
+every call.
 """
 
 from __future__ import annotations
@@ -24,18 +25,17 @@ _CUT = 1024
 class Pending:
     """The FIFO of requests awaiting answers (see the module doc)."""
 
-    __slots__ = ("items", "head", "unsent", "base", "dropped", "expired_upto")
+    __slots__ = ("items", "head", "unsent", "base", "expired_upto")
 
     def __init__(self) -> None:
         #: the futures, oldest first; those before ``head`` are answered
         self.items: list[RequestFuture | Waiter] = []
         self.head = 0
-        #: of the newest, how many are still queued for the writer (their order is the queue's)
-        self.unsent = 0
+        #: the commands of the newest items, not written yet (unsent[k] is that of
+        #: items[len(items) - len(unsent) + k]), oldest first
+        self.unsent: list[bytes] = []
         #: the place of items[0] among every request the connection ever sent
         self.base = 0
-        #: expired before they were written: the writer drops them
-        self.dropped: set[Any] = set()
         #: every request before this place was looked at by expire_before
         self.expired_upto = 0
 
@@ -65,12 +65,29 @@ class Pending:
         return future
 
     def clear(self) -> list[RequestFuture | Waiter]:
-        """Every future not answered yet; the FIFO is empty afterwards."""
+        """Every future not answered yet; the FIFO is empty afterwards (and nothing is left
+        for the writer)."""
         waiting = self.items[self.head :]
         self.base += len(self.items)
         self.items = []
         self.head = 0
+        self.unsent = []
         return waiting
+
+    def take_unsent(self, size: int) -> list[bytes]:
+        """The commands of the oldest requests not written yet, for the writer, whose sizes
+        add up to at least ``size`` bytes (or all of them, when they add up to less): from now
+        on they count as written."""
+        unsent = self.unsent
+        total = 0
+        for i, command in enumerate(unsent):
+            total += len(command)
+            if total >= size:
+                taken = unsent[: i + 1]
+                del unsent[: i + 1]
+                return taken
+        self.unsent = []
+        return unsent
 
     def _cut(self) -> None:
         """Cut the answered futures off the front once they are many and most of the list."""
@@ -93,7 +110,7 @@ class Pending:
         start = max(self.head, self.expired_upto - self.base)
         if end <= start:
             return []
-        written_end = len(items) - self.unsent
+        written_end = len(items) - len(self.unsent)
         expired = [
             (future, i < written_end)
             for i in range(start, end)
@@ -102,15 +119,20 @@ class Pending:
         self.expired_upto = self.base + end
         unsent = {future for future, written in expired if not written}
         if unsent:
-            items[written_end:end] = [f for f in items[written_end:end] if f not in unsent]
+            # Out with their commands: the later requests keep their places.
+            kept = [
+                (f, c)
+                for f, c in zip(items[written_end:], self.unsent, strict=True)
+                if f not in unsent
+            ]
+            items[written_end:] = [f for f, _ in kept]
+            self.unsent = [c for _, c in kept]
             self.base += len(unsent)
-            self.unsent -= len(unsent)
-            self.dropped |= unsent
         return expired
 
     def expire(self, future: RequestFuture | Waiter) -> bool | None:
-        """Take ``future`` out as :meth:`expire_before` would: None when it is answered or not
-        here, else whether it was written."""
+        """Take ``future`` out as :meth:`expire_before` would (with its command, when it was
+        not written): None when it is answered or not here, else whether it was written."""
         items = self.items
         try:
             i = items.index(future, self.head)
@@ -118,23 +140,13 @@ class Pending:
             return None
         if future.done():
             return None
-        written = i < len(items) - self.unsent
+        written_end = len(items) - len(self.unsent)
+        written = i < written_end
         if not written:
             del items[i]
+            del self.unsent[i - written_end]
             self.base += 1  # the later requests keep their places
-            self.unsent -= 1
-            self.dropped.add(future)
         return written
-
-    def without_dropped(self, items: list[Any]) -> tuple[list[Any], int]:
-        """The writer's batch ``items`` (commands, and ``(command, future)`` requests) without
-        the requests in ``dropped``, and how many it took out."""
-        dropped = self.dropped
-        kept = [i for i in items if type(i) is not tuple or i[1] not in dropped]
-        for item in items:
-            if type(item) is tuple:
-                dropped.discard(item[1])
-        return kept, len(items) - len(kept)
 
 
 def expired_error(address: str, written: bool) -> NSQTimeoutError:

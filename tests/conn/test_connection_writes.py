@@ -165,8 +165,9 @@ def test_who_writes_a_request_behind_one_in_flight(scripted, connect, monkeypatc
 
 
 def test_a_blocking_request_behind_one_queued_waits_for_the_writer(scripted, connect, monkeypatch):
-    """While a request the writer thread has taken is not written yet, a blocking one queues
-    behind it, even with the socket free (writing it first would swap their answers)."""
+    """While a request left to the writer thread is not written yet, a blocking one queues
+    behind it, even with the socket free (writing it first would swap their answers): the
+    writer writes both, in their order."""
     answer = threading.Event()
 
     def hold_answers(sock: socket.socket, peer: ScriptedPeer) -> None:
@@ -201,15 +202,14 @@ def test_a_blocking_request_behind_one_queued_waits_for_the_writer(scripted, con
     monkeypatch.setattr(conn, "_send_lock", GatedLock())
     first = conn.request(protocol.pub("t", b"first"), Waiter())  # idle: written here
     second = conn.request(protocol.pub("t", b"second"))  # a future behind it: the writer's
-    assert taken.wait(TIMEOUT)  # the writer has taken it and waits for the socket
+    assert taken.wait(TIMEOUT)  # the writer was woken for it and waits for the socket
     third = conn.request(protocol.pub("t", b"third"), Waiter())
     go_on.set()
     answer.set()
     assert [f.result(TIMEOUT) for f in (first, second, third)] == [b"first", b"second", b"third"]
     assert writers == [
         (threading.current_thread().name, protocol.pub("t", b"first")),
-        (writer_name, protocol.pub("t", b"second")),
-        (writer_name, protocol.pub("t", b"third")),
+        (writer_name, protocol.pub("t", b"second") + protocol.pub("t", b"third")),
     ]
 
 
@@ -386,3 +386,17 @@ def test_the_writer_joins_at_most_write_size_bytes_per_write(scripted, connect):
     assert len(sizes) >= (command * len(bodies)) // (conn_module._WRITE_SIZE + command)
     assert max(sizes) <= conn_module._WRITE_SIZE + command
     assert max(sizes) > conn_module._WRITE_SIZE // 2  # still joined, not one write each
+
+
+def test_the_writer_stops_only_after_writing_every_request_left_to_it(scripted, connect):
+    """A stop queued behind more than one write's worth of requests ends the writer thread once
+    all of them are written, in their order (close() stops it so)."""
+    peer = scripted(echo)
+    conn = connect(peer.address)
+    bodies = [b"%04d" % i + b"x" * 1000 for i in range(300)]
+    with conn._send_lock:  # the writer waits for the socket while all is queued
+        futures = [conn.request(protocol.pub("t", body)) for body in bodies]
+        conn._queue.put(conn_module._STOP)
+    assert [f.result(TIMEOUT) for f in futures] == bodies
+    conn._writer.join(TIMEOUT)
+    assert not conn._writer.is_alive()

@@ -10,7 +10,7 @@ def filled(written: int, unsent: int) -> tuple[Pending, list[RequestFuture]]:
     pending = Pending()
     futures = [RequestFuture() for _ in range(written + unsent)]
     pending.items.extend(futures)
-    pending.unsent = unsent
+    pending.unsent = [b"C%d" % i for i in range(written, written + unsent)]
     return pending, futures
 
 
@@ -33,20 +33,20 @@ def test_expire_before_takes_only_what_a_mark_covers_once():
     assert [f for f, _ in expired] == futures
     assert all(written for _, written in expired)
     assert pending.expire_before(mark) == []  # looked at already
-    assert pending.items[-1] is later and not pending.dropped
+    assert pending.items[-1] is later
 
 
-def test_unsent_requests_expired_are_dropped_and_later_ones_keep_their_places():
-    pending, futures = filled(2, 3)  # 2 written, 3 queued for the writer
+def test_unsent_requests_expired_go_with_their_commands_and_later_ones_keep_their_places():
+    pending, futures = filled(2, 3)  # 2 written, 3 left for the writer
     mark = pending.mark()
     newer = [RequestFuture() for _ in range(2)]
     pending.items.extend(newer)
-    pending.unsent += 2
+    pending.unsent += [b"N0", b"N1"]
     newer_mark = pending.mark()
     expired = pending.expire_before(mark)
     assert [(f, w) for f, w in expired] == [(f, i < 2) for i, f in enumerate(futures)]
-    assert pending.dropped == set(futures[2:])
-    assert pending.unsent == 2 and pending.items[-2:] == newer
+    assert pending.unsent == [b"N0", b"N1"] and pending.items[-2:] == newer
+    assert pending.items == futures[:2] + newer
     # the newer requests' places did not move: a later mark still covers exactly them
     assert [f for f, _ in pending.expire_before(newer_mark)] == newer
 
@@ -58,15 +58,27 @@ def test_a_blocking_callers_waiter_keeps_its_own_time():
     assert pending.expire_before(pending.mark()) == [(future, True)]
 
 
-def test_expire_one_and_the_writer_drops_what_was_expired_unsent():
-    pending, futures = filled(1, 2)
+def test_expire_one_takes_an_unsent_request_out_with_its_command():
+    pending, futures = filled(1, 3)
     assert pending.expire(futures[0]) is True  # written: stays for nsqd's late answer
     assert pending.expire(futures[2]) is False  # unsent: out, never written
     assert pending.expire(RequestFuture()) is None
-    assert futures[2] not in pending.items and pending.unsent == 1
-    items = [(b"A", futures[1]), b"FIN x\n", (b"B", futures[2])]
-    assert pending.without_dropped(items) == ([(b"A", futures[1]), b"FIN x\n"], 1)
-    assert not pending.dropped
+    assert pending.items == [futures[0], futures[1], futures[3]]
+    assert pending.unsent == [b"C1", b"C3"]
+    assert pending.mark() == 4  # the later requests keep their places
+
+
+def test_the_writer_takes_unsent_commands_oldest_first_up_to_a_size():
+    pending, futures = filled(0, 4)  # commands of 2 bytes each
+    assert pending.take_unsent(3) == [b"C0", b"C1"]  # at least 3 bytes: two of them
+    assert pending.unsent == [b"C2", b"C3"]
+    assert pending.take_unsent(100) == [b"C2", b"C3"]  # fewer bytes than asked: all
+    assert pending.unsent == [] and pending.count() == 4  # written, not answered
+    newest = RequestFuture()
+    pending.items.append(newest)
+    pending.unsent.append(b"C4")
+    assert pending.clear() == [*futures, newest]  # the connection closed: nothing to write
+    assert pending.unsent == [] and pending.count() == 0
 
 
 def test_expired_errors_say_whether_anything_was_sent():
