@@ -82,8 +82,9 @@ class LazyFuture(Future):
     _callbacks: list[Callable[[Future], object]] | None = None
     #: a callback was added (set before the state is read; _finish reads it after setting it)
     _calling_back = False
-    #: called once answered by deliver() or deliver_all() (a subclass's clean-up), if not None
-    _answered: Callable[[], None] | None = None
+    #: what a subclass keeps only until nsqd's answer (its request, say): dropped then by
+    #: deliver() and deliver_all(), with no call
+    _held: Any = None
 
     def __init__(self) -> None:  # no Future.__init__(): it would make the Condition now
         # Every field a future is sure to get, set now in one order: CPython then keeps them
@@ -189,8 +190,8 @@ class LazyFuture(Future):
                     waiter.add_result(self)
                 else:
                     waiter.add_exception(self)
-        if exception is None and self._answered is not None:
-            self._answered()
+        if exception is None and self._held is not None:
+            self._held = None
         if self._calling_back:
             self._call_backs()
         if exception is not None:
@@ -233,8 +234,8 @@ def deliver_all(futures: list[Any], result: Any) -> None:
                 if called_back is None:
                     called_back = []
                 called_back.append(future)
-            if future._answered is not None:
-                future._answered()
+            if future._held is not None:
+                future._held = None
     for future in called_back or ():
         future._call_backs()
     for future in others or ():

@@ -68,6 +68,8 @@ class NsqdPool(Mapping[str, Endpoint]):
         https = http_addresses or [None] * len(addresses)
         self.given = [self._new_endpoint(a, h) for a, h in zip(addresses, https, strict=True)]
         self._by_address = {e.address: e for e in self.given}
+        #: the one given address's endpoint, when exactly one is given (no rotation to do)
+        self._single = self.given[0] if len(self.given) == 1 else None
 
     # ---------------------------------------------------------------- the endpoints
 
@@ -216,6 +218,13 @@ class NsqdPool(Mapping[str, Endpoint]):
             raise ConnectionClosedError("this Producer is closed", maybe_processed=False)
         if count is None:
             count = protocol.published_count(command)
+        if endpoints is None and self._single is not None:
+            endpoint = self._single
+            conn = endpoint.conn
+            if conn is None or not conn.offer(command, future, count):
+                return False
+            future.nsqd_address = endpoint.address  # type: ignore[attr-defined]
+            return True
         order = self.given if endpoints is None else endpoints
         if len(order) > 1:
             order = self._rotation(order)

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..conn._connection import Connection
+from ..conn._future_internals import LazyFuture
 from ..conn._futures import RequestFuture
 from ..errors import ConnectionClosedError, NSQTimeoutError, ServerError
 
@@ -77,14 +78,19 @@ class ResendableFuture(OuterFuture):
         on_failure: Callable[[RequestFuture], None],
         deadline: float = 0.0,
     ):
-        RequestFuture.__init__(self, on_failure)
-        self.command: bytes | None = command
+        LazyFuture.__init__(self)  # RequestFuture's fields set here: one call less
+        self.observed = False
+        self._on_failure = on_failure
+        self._held = command  # dropped at nsqd's answer (see command)
         self._resend = resend
         self.nsqd_address = None
         self.deadline = deadline
 
-    def _answered(self) -> None:
-        self.command = None  # answered: it is never sent again
+    @property
+    def command(self) -> bytes | None:
+        """The publish as written, until nsqd answers it or it fails (None from then on: it
+        is never sent again)."""
+        return self._held
 
     def set_exception(self, exception: BaseException | None) -> None:
         if (
@@ -92,11 +98,11 @@ class ResendableFuture(OuterFuture):
             and type(exception) is ConnectionClosedError
             and not exception.maybe_processed
             and isinstance(exception.__cause__, ServerError)  # nsqd's fatal error, before it
-            and self.command is not None
+            and self._held is not None
             and self._resend(self)
         ):
             return  # sent again: this Future follows the new attempt
-        self.command = None
+        self._held = None
         self._finish(None, exception)
 
 

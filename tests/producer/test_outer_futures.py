@@ -8,9 +8,10 @@ from concurrent.futures import Future
 
 import pytest
 
+from nsqclient.conn._future_internals import deliver_all
 from nsqclient.conn._futures import RequestFuture
-from nsqclient.errors import NSQTimeoutError, ServerError
-from nsqclient.producer._outer_futures import OuterFutures
+from nsqclient.errors import ConnectionClosedError, NSQTimeoutError, ServerError
+from nsqclient.producer._outer_futures import OuterFutures, ResendableFuture
 
 
 class FakeConnection:
@@ -92,3 +93,26 @@ def test_an_outer_future_is_a_request_future_with_its_deadline(parts):
     outer = outers.track(7.5)
     assert isinstance(outer, RequestFuture)
     assert (outer.deadline, outer.sent, outer.inner, outer.nsqd_address) == (7.5, False, None, None)
+
+
+def test_a_resendable_future_keeps_its_command_only_until_the_answer():
+    resent: list[ResendableFuture] = []
+
+    def resend(future: ResendableFuture) -> bool:
+        resent.append(future)
+        return True
+
+    answered, batch, failed = (ResendableFuture(b"PUB t\n", resend, print) for _ in range(3))
+    assert answered.command == b"PUB t\n"
+    answered.deliver(b"OK")
+    deliver_all([batch], b"OK")
+    assert (answered.command, batch.command) == (None, None)  # the memory is not held
+    assert answered.result(0) == b"OK" and batch.result(0) == b"OK"
+    failed.set_exception(ServerError("E_BAD_TOPIC nope"))
+    assert failed.command is None and not resent
+    # A publish nsqd provably did not process (queued behind a fatal error) is resent.
+    behind = ResendableFuture(b"PUB t\n", resend, print)
+    closed = ConnectionClosedError("closed after a fatal error", maybe_processed=False)
+    closed.__cause__ = ServerError("E_BAD_BODY too big")
+    behind.set_exception(closed)
+    assert resent == [behind] and behind.command == b"PUB t\n" and not behind.done()
