@@ -48,7 +48,7 @@ from ..errors import (
 from ..platforms import HAS_EPOLL
 from ..protocol import DecodedMessage, FrameReader
 from ._future_internals import deliver_all
-from ._futures import AnyFuture, RequestFuture, Waiter, wait_answered
+from ._futures import AnyFuture, RequestFuture, Waiter, forwarding_to, wait_answered
 from ._handshake import open_transport
 from ._pending import Pending, expired_error
 from ._transport import Transport
@@ -330,7 +330,7 @@ class Connection:
         if future is None:
             future = RequestFuture()
         elif not isinstance(future, RequestFuture | Waiter):
-            future = _forwarding_to(future)
+            future = forwarding_to(future)
         if not self.offer(command, future, messages):
             self._fail_request(
                 future,
@@ -821,23 +821,3 @@ class Connection:
             "compression": t.compression if t else None,
             "max_rdy_count": self.max_rdy_count,
         }
-
-
-def _forwarding_to(future: Future) -> RequestFuture:
-    """A RequestFuture whose outcome goes to ``future``, a plain Future given to
-    :meth:`Connection.request` (made RUNNING now: queued bytes cannot be taken back)."""
-    if not future.running() and not future.done():
-        future.set_running_or_notify_cancel()
-    inner = RequestFuture()
-
-    def forward(done: Future) -> None:
-        if future.done():
-            return
-        error = inner.failure()
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(inner.answer())
-
-    inner.add_done_callback(forward)
-    return inner

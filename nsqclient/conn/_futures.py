@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 
 from ._future_internals import LazyFuture
 
-__all__ = ["AnyFuture", "RequestFuture", "Waiter", "failure_of", "wait_answered"]
+__all__ = [
+    "AnyFuture",
+    "RequestFuture",
+    "Waiter",
+    "failure_of",
+    "forwarding_to",
+    "wait_answered",
+]
 
 
 class Waiter:
@@ -166,3 +173,23 @@ def wait_answered(future: Future | Waiter, timeout: float) -> bool:
         return True
     wait([future], timeout=max(timeout, 0.0))
     return future.done()
+
+
+def forwarding_to(future: Future) -> RequestFuture:
+    """A RequestFuture whose outcome goes to ``future``, a plain Future given to
+    :meth:`Connection.request` (made RUNNING now: queued bytes cannot be taken back)."""
+    if not future.running() and not future.done():
+        future.set_running_or_notify_cancel()
+    inner = RequestFuture()
+
+    def forward(done: Future) -> None:
+        if future.done():
+            return
+        error = inner.failure()
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(inner.answer())
+
+    inner.add_done_callback(forward)
+    return inner

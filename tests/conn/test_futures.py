@@ -166,15 +166,15 @@ def test_wait_never_misses_an_answer_racing_with_it():
 
 
 def test_a_plain_future_given_to_request_follows_the_answer():
-    from nsqclient.conn._connection import _forwarding_to
+    from nsqclient.conn._futures import forwarding_to
 
     given: Future = Future()
-    inner = _forwarding_to(given)
+    inner = forwarding_to(given)
     assert given.running()
     inner.deliver(b"OK")
     assert given.result(0) == b"OK"
     failing: Future = Future()
-    _forwarding_to(failing).set_exception(ValueError("refused"))
+    forwarding_to(failing).set_exception(ValueError("refused"))
     assert isinstance(failing.exception(0), ValueError)
 
 
