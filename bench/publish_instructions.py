@@ -61,7 +61,8 @@ def child(step: str, n: int) -> None:
             for future in kept:
                 producer._pool.write_ready(command, future, None, 1)
         if step == "answer":
-            conn._pending.unsent = []  # as if the writer wrote them
+            pending = conn._pending
+            pending.unsent = type(pending.unsent)()  # as if the writer wrote them (0 before)
             conn._answer_oks(n)
     del kept
     os._exit(0)  # no collection at exit: it would count the objects kept
