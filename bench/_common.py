@@ -19,6 +19,8 @@ import io
 import json
 import os
 import pstats
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -37,6 +39,27 @@ HTTP_TIMEOUT = 10.0
 
 _run_id = f"{os.getpid() % 100000}_{int(time.time()) % 100000}"
 _topic_seq = 0
+
+
+def valgrind_path() -> str:
+    """valgrind's path, or exit saying how to get it."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("valgrind not found on PATH (Debian: apt-get install valgrind)")
+    return valgrind
+
+
+def instructions(script: str, child_args: Sequence[str]) -> int:
+    """The machine instructions the Python program ``script`` runs with ``child_args``, all
+    told, counted by ``valgrind --tool=callgrind`` (the same for the same code and inputs,
+    whatever else the machine does)."""
+    argv = [valgrind_path(), "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    argv += [sys.executable, script, *child_args]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"valgrind printed no count for {child_args}:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
 
 
 def message_body(size: int = MESSAGE_SIZE) -> bytes:

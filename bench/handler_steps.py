@@ -47,6 +47,24 @@ class _Transport:
         self.writes += 1
 
 
+def subscribed_consumer(handler: Any) -> tuple[Any, Any]:
+    """A Consumer (handler mode, ``handler``) that has one connection, subscribed, RDY 2500,
+    nothing received yet; the connection writes to a :class:`_Transport`."""
+    from nsqclient import Consumer
+    from nsqclient.conn._connection import Connection, ConnectionState
+    from nsqclient.consumer._rdy_balancer import send_rdy
+
+    consumer = Consumer("t", "c", handler, nsqd_tcp_addresses="127.0.0.1:4150")
+    conn = Connection("127.0.0.1:4150", consumer.config, consumer._delegate)
+    conn.state = ConnectionState.CONNECTED
+    conn._transport = _Transport()  # type: ignore[assignment]
+    consumer._delegate.subscribed(conn)
+    consumer._busy, consumer._current = [False], [None]  # what start() makes
+    with consumer._lock:
+        send_rdy(consumer._conns[conn.key], 2500)
+    return consumer, conn
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     common.add_messages_argument(parser, 200_000, "messages (default 200,000)")
@@ -61,8 +79,7 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from nsqclient import Consumer
-    from nsqclient.conn._connection import _STOP, Connection, ConnectionState
+    from nsqclient.conn._connection import _STOP
     from nsqclient.message import Message
     from nsqclient.protocol import FrameReader, MessageRun, decode_message_at
 
@@ -73,20 +90,6 @@ def main(argv: list[str]) -> int:
 
     def handler(message: Any) -> None:
         calls[0] += 1
-
-    def setup() -> tuple[Any, Any]:
-        """A Consumer that has one connection, subscribed, RDY 2500, nothing received yet."""
-        consumer = Consumer("t", "c", handler, nsqd_tcp_addresses="127.0.0.1:4150")
-        conn = Connection("127.0.0.1:4150", consumer.config, consumer._delegate)
-        conn.state = ConnectionState.CONNECTED
-        conn._transport = _Transport()  # type: ignore[assignment]
-        consumer._delegate.subscribed(conn)
-        consumer._busy, consumer._current = [False], [None]  # what start() makes
-        with consumer._lock:
-            from nsqclient.consumer._rdy_balancer import send_rdy
-
-            send_rdy(consumer._conns[conn.key], 2500)
-        return consumer, conn
 
     # Groups of reads holding at most --max-in-flight messages: what a real Consumer holds at
     # once (the garbage collector's passes grow with what is alive).
@@ -123,7 +126,7 @@ def main(argv: list[str]) -> int:
     def path() -> dict[str, float]:
         """reader, worker and writer, group after group, as a Consumer runs them."""
         spent = dict.fromkeys(("reader", "worker", "writer"), 0.0)
-        consumer, conn = setup()
+        consumer, conn = subscribed_consumer(handler)
         consumer._intake.exit = True  # the worker returns once the queue is empty
         process = conn._process
         for group in groups:

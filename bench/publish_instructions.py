@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import re
-import shutil
-import subprocess
 import sys
 from typing import Any
+
+import _common as common
 
 STEPS = ("future", "encode", "offer", "write_ready", "answer", "pub_async")
 
@@ -68,30 +67,6 @@ def child(step: str, n: int) -> None:
     os._exit(0)  # no collection at exit: it would count the objects kept
 
 
-def instructions(valgrind: str, step: str, n: int) -> int:
-    """The instructions of a child running ``step`` ``n`` times, in all."""
-    done = subprocess.run(
-        [
-            valgrind,
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            __file__,
-            "--child",
-            step,
-            "-n",
-            str(n),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
-    if found is None:
-        raise SystemExit(f"valgrind printed no count for {step}:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--messages", type=int, default=10_000, help="calls per step")
@@ -100,13 +75,15 @@ def main(argv: list[str]) -> int:
     if args.child:
         child(args.child, args.messages)
         return 0
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        raise SystemExit("valgrind not found on PATH (Debian: apt-get install valgrind)")
+    common.valgrind_path()
+
+    def instructions(step: str, n: int) -> int:
+        return common.instructions(__file__, ["--child", step, "-n", str(n)])
+
     counts = {}
     for step in STEPS:
-        one = instructions(valgrind, step, 1)
-        counts[step] = (instructions(valgrind, step, args.messages + 1) - one) / args.messages
+        one = instructions(step, 1)
+        counts[step] = (instructions(step, args.messages + 1) - one) / args.messages
     counts["answer"] -= counts["offer"]
     import nsqclient
 

@@ -239,12 +239,14 @@ class Message:
         return self._responded
 
     def _claim(self, what: str) -> bool:
-        with _claim_lock:
-            if self._responded:
-                logger.warning("message %r already answered; ignoring %s", self.id, what)
-                return False
-            self._responded = True
-            return True
+        _claim_lock.acquire()  # not a with statement: two method objects less per answer
+        responded = self._responded
+        self._responded = True
+        _claim_lock.release()
+        if responded:
+            logger.warning("message %r already answered; ignoring %s", self.id, what)
+            return False
+        return True
 
     def finish(self) -> None:
         """Tell nsqd the message is done (FIN).  A second answer is ignored with a warning."""

@@ -104,8 +104,11 @@ class Responder:
         # The id came from nsqd in this message: no need to check it as protocol.fin does.  On a
         # closed connection the FIN is dropped (nsqd sends the message again).
         flow.put(b"FIN " + message.id + b"\n")
-        # _answered(message, "finished", True), inline: this runs once per message handled
-        with self._lock:
+        # _answered(message, "finished", True), inline: this runs once per message handled.
+        # Not a with statement: it makes two method objects a call.
+        lock = self._lock
+        lock.acquire()
+        try:
             self._stats["finished"] += 1
             if flow.in_flight > 0:
                 flow.in_flight -= 1
@@ -118,6 +121,8 @@ class Responder:
                 if decision is not None:
                     logger.info("backoff: %s (level %d)", decision.mode.value, decision.level)
                     self._rdy_wake.set()
+        finally:
+            lock.release()
         observers = self._observers.active
         if observers:
             tell(observers, "messages_answered", self._consumer, (message,), "finish", None, None)
