@@ -62,6 +62,38 @@ def instructions(script: str, child_args: Sequence[str]) -> int:
     return int(found.group(1))
 
 
+def step_instructions(
+    script: str,
+    steps: Sequence[str],
+    child: Callable[[str, int], None],
+    argv: Sequence[str],
+    *,
+    default: int,
+    base: int,
+    what: str,
+) -> tuple[int, dict[str, float]] | None:
+    """The command line of an instructions script (``script``, its ``steps``): in the child
+    (``--child STEP``), run ``child(step, n)`` and return None; in the parent, return N
+    (``-n``, ``default``) and each step's instructions per ``what``, from a child with ``base``
+    of it against one with ``base`` + N."""
+    parser = argparse.ArgumentParser(
+        description=(sys.modules["__main__"].__doc__ or "").splitlines()[0]
+    )
+    parser.add_argument("-n", "--messages", type=int, default=default, help=f"{what}s measured")
+    parser.add_argument("--child", choices=steps, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    n = args.messages
+    if args.child:
+        child(args.child, n)
+        return None
+    valgrind_path()
+
+    def count(step: str, times: int) -> int:
+        return instructions(script, ["--child", step, "-n", str(times)])
+
+    return n, {step: (count(step, base + n) - count(step, base)) / n for step in steps}
+
+
 def message_body(size: int = MESSAGE_SIZE) -> bytes:
     """One message body of ``size`` bytes (printable, so it is readable in nsq_tail)."""
     pattern = b"nsqclient-bench-0123456789abcdefghijklmnopqrstuvwxyz-"

@@ -21,7 +21,6 @@ the frames' making and the set-up cancel out).  The collector is off in the chil
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -58,22 +57,12 @@ def child(step: str, n: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("-n", "--messages", type=int, default=20_000, help="messages measured")
-    parser.add_argument("--child", choices=STEPS, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        child(args.child, args.messages)
+    found = common.step_instructions(
+        __file__, STEPS, child, argv, default=20_000, base=_BASE, what="message"
+    )
+    if found is None:
         return 0
-    common.valgrind_path()
-
-    def instructions(step: str, n: int) -> int:
-        return common.instructions(__file__, ["--child", step, "-n", str(n)])
-
-    n = args.messages
-    totals = {
-        step: (instructions(step, _BASE + n) - instructions(step, _BASE)) / n for step in STEPS
-    }
+    n, totals = found
     import nsqclient
 
     print(f"instructions per message, {n:,} messages, nsqclient from {nsqclient.__file__}")

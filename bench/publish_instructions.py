@@ -23,7 +23,6 @@ in-memory transport (bench/publish_steps.py's), no reader or writer thread.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -68,26 +67,16 @@ def child(step: str, n: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", "--messages", type=int, default=10_000, help="calls per step")
-    parser.add_argument("--child", choices=STEPS, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        child(args.child, args.messages)
+    found = common.step_instructions(
+        __file__, STEPS, child, argv, default=10_000, base=1, what="call"
+    )
+    if found is None:
         return 0
-    common.valgrind_path()
-
-    def instructions(step: str, n: int) -> int:
-        return common.instructions(__file__, ["--child", step, "-n", str(n)])
-
-    counts = {}
-    for step in STEPS:
-        one = instructions(step, 1)
-        counts[step] = (instructions(step, args.messages + 1) - one) / args.messages
+    n, counts = found
     counts["answer"] -= counts["offer"]
     import nsqclient
 
-    print(f"instructions per call, {args.messages:,} calls, nsqclient from {nsqclient.__file__}")
+    print(f"instructions per call, {n:,} calls, nsqclient from {nsqclient.__file__}")
     for step, count in counts.items():
         print(f"  {step:<12} {count:>9,.0f}")
     return 0
