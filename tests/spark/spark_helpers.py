@@ -25,14 +25,33 @@ class Collector:
         self.bodies.add(message.body)
         self.received += 1
 
-    def wait_count(self, count: int, timeout: float) -> None:
-        """Wait until ``count`` distinct bodies arrived."""
-        wait_for(
-            lambda: len(self.bodies) >= count,
-            timeout=timeout,
-            interval=0.1,
-            message=lambda: f"{len(self.bodies)} of {count} messages arrived",
-        )
+    def wait_count(self, count: int, timeout: float, query: Any = None) -> None:
+        """Wait until ``count`` distinct bodies arrived.  With the streaming ``query`` that
+        publishes them, fail at once if it ended (with its exception), and say on a timeout
+        what it was doing."""
+
+        def arrived() -> bool:
+            if len(self.bodies) >= count:
+                return True
+            if query is not None and not query.isActive:
+                raise AssertionError(
+                    f"the query ended with {len(self.bodies)} of {count} messages arrived: "
+                    f"{query.exception()}"
+                )
+            return False
+
+        def state() -> str:
+            text = f"{len(self.bodies)} of {count} messages arrived"
+            if query is not None:
+                progress = query.lastProgress or {}
+                text += (
+                    f"; the query: {query.status}, last batch "
+                    f"{progress.get('batchId')} at {progress.get('timestamp')} "
+                    f"({progress.get('numInputRows')} rows)"
+                )
+            return text
+
+        wait_for(arrived, timeout=timeout, interval=0.1, message=state)
 
 
 def publish_numbered(address: str, topic: str, count: int, prefix: str = "m") -> set[bytes]:

@@ -36,7 +36,7 @@ def test_pipeline_moves_50000_messages_and_a_quiet_stream_leaves_nothing_in_flig
     out = collect(address, "b")
     query = pipeline(spark, address, address, str(tmp_path / "ck"), max_in_flight="10000").start()
     queries.append(query)
-    out.wait_count(50_000, timeout=240)
+    out.wait_count(50_000, timeout=240, query=query)
     assert out.bodies == upper(sent)
     # The stream is quiet now and the query still runs: the last batch must not wait in flight
     # for nsqd's msg_timeout (60 s) or for a next batch that never comes.
@@ -117,7 +117,7 @@ def test_restart_after_the_driver_side_reader_was_killed_loses_nothing(
     options = {"maxMessagesPerBatch": "1000", "msg_timeout": "2"}
     first = pipeline(spark, source.tcp_address, target.tcp_address, checkpoint, **options).start()
     queries.append(first)
-    out.wait_count(2_000, timeout=120)
+    out.wait_count(2_000, timeout=120, query=first)
     readers = wait_for(lambda: pids_connected_to(source.tcp_port), timeout=10)
     assert len(readers) == 1, readers
     os.kill(readers.pop(), signal.SIGKILL)
@@ -127,7 +127,7 @@ def test_restart_after_the_driver_side_reader_was_killed_loses_nothing(
     done = committed_batches(checkpoint)
     second = pipeline(spark, source.tcp_address, target.tcp_address, checkpoint, **options).start()
     queries.append(second)
-    out.wait_count(20_000, timeout=180)
+    out.wait_count(20_000, timeout=180, query=second)
     assert out.bodies == upper(sent)
     # The second run went on from the checkpoint rather than starting over.
     assert min(set(committed_batches(checkpoint)) - set(done)) > max(done)
@@ -144,13 +144,13 @@ def test_restart_after_the_query_was_stopped_mid_run_loses_nothing(
     checkpoint = str(tmp_path / "ck")
     first = pipeline(spark, address, address, checkpoint, maxMessagesPerBatch="1000").start()
     queries.append(first)
-    out.wait_count(2_000, timeout=120)
+    out.wait_count(2_000, timeout=120, query=first)
     first.stop()
     assert len(out.bodies) < 20_000
     second = pipeline(spark, address, address, checkpoint, maxMessagesPerBatch="1000").start()
     queries.append(second)
     # Well within nsqd's msg_timeout of 60 s: the stopped reader requeued what it held.
-    out.wait_count(20_000, timeout=50)
+    out.wait_count(20_000, timeout=50, query=second)
     assert out.bodies == upper(sent)
     wait_for(lambda: in_flight(nsqd.nsqd) == 0, timeout=15, message="messages left in flight")
     stats = channel_stats(nsqd.nsqd, "a", "spark")
