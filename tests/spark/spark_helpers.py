@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nsqclient import Consumer, Producer
@@ -25,10 +27,16 @@ class Collector:
         self.bodies.add(message.body)
         self.received += 1
 
-    def wait_count(self, count: int, timeout: float, query: Any = None) -> None:
+    def wait_count(
+        self,
+        count: int,
+        timeout: float,
+        query: Any = None,
+        context: Callable[[], str] | None = None,
+    ) -> None:
         """Wait until ``count`` distinct bodies arrived.  With the streaming ``query`` that
         publishes them, fail at once if it ended (with its exception), and say on a timeout
-        what it was doing."""
+        what it was doing; ``context()`` adds to what a failure says."""
 
         def arrived() -> bool:
             if len(self.bodies) >= count:
@@ -36,7 +44,7 @@ class Collector:
             if query is not None and not query.isActive:
                 raise AssertionError(
                     f"the query ended with {len(self.bodies)} of {count} messages arrived: "
-                    f"{query.exception()}"
+                    f"{query.exception()}" + (context() if context else "")
                 )
             return False
 
@@ -49,9 +57,24 @@ class Collector:
                     f"{progress.get('batchId')} at {progress.get('timestamp')} "
                     f"({progress.get('numInputRows')} rows)"
                 )
-            return text
+            return text + (context() if context else "")
 
         wait_for(arrived, timeout=timeout, interval=0.1, message=state)
+
+
+def cluster_logs(cluster: Any, lines: int = 15) -> str:
+    """The last ``lines`` lines of each log of a :class:`~nsqclient.spark.standalone.
+    StandaloneCluster`: the master's, the workers' and every executor's stderr."""
+    work = Path(cluster.work_dir)
+    paths = sorted(work.glob("logs/*.log")) + sorted(work.glob("work/*/app-*/*/stderr"))
+    parts = []
+    for path in paths:
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            tail = [f"(unreadable: {exc})"]
+        parts.append(f"\n--- {path.relative_to(work)}\n" + "\n".join(tail))
+    return "".join(parts)
 
 
 def publish_numbered(address: str, topic: str, count: int, prefix: str = "m") -> set[bytes]:

@@ -7,11 +7,19 @@ test_spark_docs.py's by-hand worker joins afterwards (a session-scoped fixture).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from spark_helpers import channel_stats, in_flight, pipeline, publish_numbered, upper
+from spark_helpers import (
+    channel_stats,
+    cluster_logs,
+    in_flight,
+    pipeline,
+    publish_numbered,
+    upper,
+)
 
 from nsqclient.testing.waiting import wait_for
 
@@ -49,7 +57,8 @@ def test_a_pipeline_on_a_standalone_cluster_moves_every_message(
 ) -> None:
     assert standalone_cluster.alive_workers(standalone_cluster.state()) == 2
     sent, out, query = start_pipe(10_000, 2_500)
-    out.wait_count(10_000, timeout=180, query=query)
+    logs = functools.partial(cluster_logs, standalone_cluster)
+    out.wait_count(10_000, 180, query, logs)
     assert out.bodies == upper(sent)
     wait_for(lambda: in_flight(nsqd.nsqd) == 0, timeout=15, message="messages left in flight")
     assert query.isActive
@@ -63,7 +72,8 @@ def test_a_worker_killed_mid_run_loses_nothing(
     standalone_cluster: Any, nsqd: Any, start_pipe: Any
 ) -> None:
     sent, out, query = start_pipe(20_000, 1_000)
-    out.wait_count(2_000, timeout=120, query=query)
+    logs = functools.partial(cluster_logs, standalone_cluster)
+    out.wait_count(2_000, 120, query, logs)
     executors = standalone_cluster.executor_pids(0)
     assert executors, "worker 0 runs no executor"
     standalone_cluster.kill_worker(0)  # SIGKILL to the worker and its executor: a machine gone
@@ -74,7 +84,7 @@ def test_a_worker_killed_mid_run_loses_nothing(
             message="the master still lists the killed worker as alive",
         )
         # The tasks it ran are run again on the other worker; the query goes on.
-        out.wait_count(20_000, timeout=200, query=query)
+        out.wait_count(20_000, 200, query, logs)
         assert out.bodies == upper(sent)
         assert query.isActive and query.exception() is None
         wait_for(lambda: in_flight(nsqd.nsqd) == 0, timeout=15, message="messages left in flight")
