@@ -42,10 +42,7 @@ class Collector:
             if len(self.bodies) >= count:
                 return True
             if query is not None and not query.isActive:
-                raise AssertionError(
-                    f"the query ended with {len(self.bodies)} of {count} messages arrived: "
-                    f"{query.exception()}" + (context() if context else "")
-                )
+                raise AssertionError(f"the query ended ({query.exception()}): {state()}")
             return False
 
         def state() -> str:
