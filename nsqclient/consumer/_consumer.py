@@ -222,6 +222,7 @@ class Consumer:
             observers=self._observers,
             pull=self._pull,
             idle=self._idle,
+            workers=0 if self._pull else self.config.concurrency,
         )
         #: pull mode: messages taken and not answered yet (stop() requeues what is left)
         self._held = self._responder.held
@@ -235,6 +236,9 @@ class Consumer:
             finish=self._responder.finish_message,
             count=self._count,
             idle=self._idle,
+            tally=self._responder.tally,
+            settle=self._responder.settle,
+            backoff=self._backoff,
         )
         # bound once: a worker's and take()'s calls cost what a method of the Consumer's did
         self._handle = self._handling.handle
@@ -340,6 +344,7 @@ class Consumer:
 
     def _in_flight(self) -> int:
         with self._lock:
+            self._responder.settle()
             return sum(f.in_flight for f in self._conns.values())
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -508,7 +513,7 @@ class Consumer:
         Messages still waiting for a handler worker, or for :meth:`take`, do not count."""
         check_float(threshold, "threshold", "", min=0)
         with self._lock:
-            self._intake.count_queued()
+            self._counts_now()
             return is_starved(conn_views(self._conns), threshold)
 
     def stats(self) -> dict[str, Any]:
@@ -516,14 +521,20 @@ class Consumer:
         handler_errors; youzan, ordered: out_of_order, the times a partition's offset went
         backwards), the backoff level, and per-connection stats."""
         with self._lock:
+            self._counts_now()
             out: dict[str, Any] = dict(self._stats)
             out["backoff_level"] = self._backoff.level
             out["max_in_flight"] = self._rdy.max_in_flight
-            self._intake.count_queued()
             out["connections"] = {
                 a: {**f.conn.stats(), **f.counts()} for a, f in self._conns.items()
             }
         return out
+
+    def _counts_now(self) -> None:
+        """Bring each connection's counts up to date (the caller holds the lock): the FINs
+        workers wrote and have not counted, the messages still waiting for a worker."""
+        self._responder.settle()
+        self._intake.count_queued()
 
     def connections(self) -> list[Connection]:
         with self._lock:
@@ -535,7 +546,7 @@ class Consumer:
         of those, the ones still queued (waiting for a handler worker, or in pull mode for
         :meth:`take`), and nsqd's ``msg_timeout`` (seconds)."""
         with self._lock:
-            self._intake.count_queued()
+            self._counts_now()
             return connection_counts(self._conns)
 
     def is_saturated(self) -> bool:
@@ -544,6 +555,7 @@ class Consumer:
         no RDY is about to be raised (a connection's first message, received at RDY 1, is
         not saturation: its RDY is raised next)."""
         with self._lock:
+            self._responder.settle()
             flows = [f for f in self._conns.values() if f.rdy > 0]
             if not flows or any(f.in_flight < f.rdy for f in flows):
                 return False

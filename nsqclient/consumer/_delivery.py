@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..backoff import BackoffState
 from ..message import Message, RequeueMessage, answer_lock
 from ..observe import ObserverSet, tell
 from ._batch import MessageBatch
 from ._discovery import run_hook
+from ._fin_tally import FinTally
 
 __all__ = ["Handling"]
 
@@ -41,6 +43,9 @@ class Handling:
             ``timed_out_locally``, ``given_up``).
         idle: set when a worker ends a message while the Consumer stops (its drain waits
             on it).
+        tally, settle, backoff: the FINs workers wrote and have not counted yet, what counts
+            them (under the Consumer's lock), and the backoff state (above level 0 each FIN
+            goes through ``finish``, which records the success at once).
     """
 
     def __init__(
@@ -55,6 +60,9 @@ class Handling:
         finish: Callable[[Message], None],
         count: Callable[[str], None],
         idle: threading.Event | None = None,
+        tally: FinTally | None = None,
+        settle: Callable[[], None] | None = None,
+        backoff: BackoffState | None = None,
     ):
         self._consumer = consumer
         self.handler = handler
@@ -69,6 +77,9 @@ class Handling:
         self._offsets: dict[int, int] = {}
         self._offsets_lock = threading.Lock()
         self._idle = idle or threading.Event()
+        self._tally = tally if tally is not None else FinTally(0)
+        self._settle = settle or _nothing
+        self._backoff = backoff or BackoffState(1.0, 0.0)  # max_duration 0: never backs off
         #: set when the Consumer stops: a worker ending a message sets ``idle`` then
         self.stopping = False
 
@@ -79,9 +90,16 @@ class Handling:
 
         With no observer, no tracing and no ordered consumption (the common case) the checks
         and the handler contract of :meth:`handle` run here inline, the same step for step:
-        a call less per message, and the FIN of each queued as its handler returns."""
+        a call less per message, and the FIN of each queued as its handler returns.  Out of
+        backoff such a FIN is counted in the worker's slot of the tally and moves into the
+        books once the run is done (see consumer/_fin_tally.py)."""
         popleft = run.popleft
         finish = self._finish
+        put = run.flow.put
+        backoff = self._backoff
+        tally = self._tally
+        written = tally.written
+        tally.flows[slot] = run.flow  # nothing of this slot waits to be counted
         monotonic = time.monotonic
         observers = self._observers
         claim, claimed_all = answer_lock.acquire, answer_lock.release
@@ -91,6 +109,8 @@ class Handling:
             try:
                 message = popleft()
             except IndexError:
+                if written[slot] != tally.counted[slot]:
+                    self._settle()
                 return
             current[slot] = message
             handler = self.handler
@@ -116,10 +136,14 @@ class Handling:
                                 claimed = not message._responded
                                 message._responded = True
                                 claimed_all()
-                                if claimed:
-                                    finish(message)
-                                else:
+                                if not claimed:
                                     message._claim("finish")  # warns: answered meanwhile
+                                elif backoff.level:
+                                    finish(message)  # records the success at once
+                                else:
+                                    # finish(message) without its lock round (see above)
+                                    put(b"FIN " + message.id + b"\n")
+                                    written[slot] += 1
                     now = monotonic()
                     held = now - (message.touched_at or message.received_at)
                     if held >= 1.0:  # below any msg_timeout nsqd allows: decided here
@@ -322,3 +346,7 @@ def messages_of(batch: MessageBatch, responder: Any) -> list[Message]:
     """A Message object for each message of ``batch``, answerable one by one."""
     received = Message._received
     return [received(d, responder, batch.conn, batch.received_at) for d in batch.decoded()]
+
+
+def _nothing() -> None:
+    pass

@@ -1011,7 +1011,8 @@ def test_an_idle_worker_takes_what_waits_behind_a_blocked_handler(nsqd, consumer
 
 def test_a_fin_is_sent_while_the_next_handler_blocks(nsqd, consumers):
     """One worker: each message's FIN is on its way to nsqd as its handler returns, not after
-    the handlers of the messages read with it."""
+    the handlers of the messages read with it, and counted in stats() and
+    connection_counts() while the next handler blocks."""
     node = nsqd.nsqd
     release = threading.Event()
     started = threading.Event()
@@ -1031,7 +1032,9 @@ def test_a_fin_is_sent_while_the_next_handler_blocks(nsqd, consumers):
             lambda: (channel_stats(node, "c_fin_early", "ch") or {}).get("in_flight_count") == 1,
             TIMEOUT,
         )
+        # Counted for whoever asks, though the worker is still on the run: see _fin_tally.py.
         assert consumer.stats()["finished"] == 1
+        assert [c.in_flight for c in consumer.connection_counts()] == [1]
     finally:
         release.set()
     wait_drained(node, "c_fin_early", "ch")

@@ -4,15 +4,21 @@ give-up at max_tries) and the handler contract after, with a recording responder
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from typing import Any
 
 import pytest
 
+from nsqclient.backoff import BackoffState
 from nsqclient.consumer._delivery import Handling
+from nsqclient.consumer._fin_tally import FinTally
+from nsqclient.consumer._work_queue import Run
 from nsqclient.message import Message, RequeueMessage
 from nsqclient.observe import ObserverSet
 from nsqclient.protocol import DecodedMessage
+
+TIMEOUT = 10.0
 
 
 class Responder:
@@ -152,3 +158,89 @@ def test_tracing_logs_each_message_while_on(caplog: pytest.LogCaptureFixture) ->
     handling.prepare([message(responder, b"y")])
     [record] = caplog.records
     assert record.getMessage().startswith("received topic=t ")
+
+
+class Flow:
+    """A connection's counts and its command queue, as a Consumer's ConnFlow has them."""
+
+    def __init__(self, in_flight: int) -> None:
+        self.in_flight = in_flight
+        self.written: list[bytes] = []
+        self.put = self.written.append
+
+
+def run_of(responder: Responder, flow: Flow, *bodies: bytes) -> Run:
+    messages = [message(responder, body) for body in bodies]
+    for i, m in enumerate(messages):
+        m.id = b"%016d" % i
+        m._conn = flow
+    return Run(messages, flow)  # type: ignore[arg-type]
+
+
+def make_counted(
+    handler: Any, backoff: BackoffState | None = None
+) -> tuple[Handling, Responder, FinTally, dict[str, int], threading.Lock]:
+    """A Handling whose FINs out of backoff go to a tally, settled as the Consumer does."""
+    responder, tally, lock = Responder(), FinTally(1), threading.Lock()
+    stats = {"finished": 0}
+    subject = Subject()
+
+    def settle() -> None:
+        with lock:
+            tally.settle(stats)
+
+    handling = Handling(
+        subject,
+        handler,
+        ordered=False,
+        max_tries=0,
+        tracing=False,
+        observers=ObserverSet(subject),
+        finish=responder.finish_message,
+        count=lambda name: None,
+        tally=tally,
+        settle=settle,
+        backoff=backoff,
+    )
+    return handling, responder, tally, stats, lock
+
+
+def test_a_runs_fins_are_written_at_once_and_counted_for_whoever_asks_meanwhile() -> None:
+    """While the second handler of a run blocks, the first message's FIN is written and a
+    reader that settles (as stats() does) counts it; the rest is counted as the run ends."""
+    started, release = threading.Event(), threading.Event()
+
+    def handler(m: Message) -> None:
+        if m.body == b"second":
+            started.set()
+            release.wait(TIMEOUT)  # the load: a handler that blocks
+
+    handling, responder, tally, stats, lock = make_counted(handler)
+    flow = Flow(in_flight=3)
+    run = run_of(responder, flow, b"first", b"second", b"third")
+    current: list[Message | None] = [None]
+    worker = threading.Thread(target=handling.handle_run, args=(run, current, 0))
+    worker.start()
+    try:
+        assert started.wait(TIMEOUT)
+        assert flow.written == [b"FIN 0000000000000000\n"]
+        with lock:
+            tally.settle(stats)
+        assert (stats["finished"], flow.in_flight) == (1, 2)
+    finally:
+        release.set()
+        worker.join(TIMEOUT)
+    assert not worker.is_alive()
+    assert len(flow.written) == 3 and not tally.unsettled()  # settled by the run's end
+    assert (stats["finished"], flow.in_flight) == (3, 0)
+    assert responder.answers == []  # none went through finish_message
+
+
+def test_in_backoff_each_fin_goes_through_finish_to_record_its_success() -> None:
+    backoff = BackoffState(1.0, 60.0)
+    backoff.level = 2
+    handling, responder, tally, stats, _ = make_counted(lambda m: None, backoff)
+    flow = Flow(in_flight=2)
+    handling.handle_run(run_of(responder, flow, b"a", b"b"), [None], 0)
+    assert responder.answers == [("FIN", b"a"), ("FIN", b"b")]
+    assert flow.written == [] and stats["finished"] == 0 and not tally.unsettled()
