@@ -49,7 +49,7 @@ class Responder:
         observers: the Consumer's observers (``messages_answered``).
         pull: pull mode: messages taken are :attr:`held` until answered.
         idle: set when the last held message is answered while stopping (pull mode).
-        workers: handler workers (their FINs not counted yet are :attr:`tally`'s).
+        tally: the FINs handler workers wrote and have not counted yet (:meth:`settle`).
     """
 
     def __init__(
@@ -62,7 +62,7 @@ class Responder:
         observers: ObserverSet,
         pull: bool,
         idle: threading.Event,
-        workers: int = 0,
+        tally: FinTally | None = None,
     ):
         self._consumer = consumer
         #: the Consumer (a batch's ``consumer``)
@@ -81,7 +81,7 @@ class Responder:
         #: set by the Consumer's stop(): answers then wake its drain (pull mode)
         self.stopping = False
         #: FINs handler workers wrote and have not counted yet (see :meth:`settle`)
-        self.tally = FinTally(workers)
+        self.tally = tally if tally is not None else FinTally(0)
 
     def settle(self) -> None:
         """Count the FINs handler workers wrote and have not counted yet (each connection's

@@ -50,6 +50,7 @@ from ._delivery import Handling
 from ._discovery import Discovery
 from ._discovery import split_key as split_key  # re-exported (subscription keys)
 from ._discovery import target_key as target_key
+from ._fin_tally import FinTally
 from ._rdy_balancer import ConnectionCounts, ConnFlow, RdyBalancer, conn_views, connection_counts
 from ._shared_state import SharedState
 from ._work_queue import Intake
@@ -212,7 +213,10 @@ class Consumer:
         message on its way to user code."""
         # What the connections received, until a worker or a taker has it.
         books = SharedState(self._backoff, self._lock, self._conns, self._stats, self._rdy_wake)
-        self._intake = Intake(books, 0 if self._pull else self.config.concurrency)
+        workers = 0 if self._pull else self.config.concurrency
+        self._intake = Intake(books, workers)
+        #: the FINs workers wrote and have not counted yet (consumer/_fin_tally.py)
+        self._tally = FinTally(workers)
         self._observers = ObserverSet(self)
         self._responder = Responder(
             self,
@@ -222,7 +226,7 @@ class Consumer:
             observers=self._observers,
             pull=self._pull,
             idle=self._idle,
-            workers=0 if self._pull else self.config.concurrency,
+            tally=self._tally,
         )
         #: pull mode: messages taken and not answered yet (stop() requeues what is left)
         self._held = self._responder.held
@@ -236,7 +240,7 @@ class Consumer:
             finish=self._responder.finish_message,
             count=self._count,
             idle=self._idle,
-            tally=self._responder.tally,
+            tally=self._tally,
             settle=self._responder.settle,
             backoff=self._backoff,
         )
@@ -344,7 +348,7 @@ class Consumer:
 
     def _in_flight(self) -> int:
         with self._lock:
-            self._responder.settle()
+            self._tally.settle(self._stats)
             return sum(f.in_flight for f in self._conns.values())
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -533,7 +537,7 @@ class Consumer:
     def _counts_now(self) -> None:
         """Bring each connection's counts up to date (the caller holds the lock): the FINs
         workers wrote and have not counted, the messages still waiting for a worker."""
-        self._responder.settle()
+        self._tally.settle(self._stats)
         self._intake.count_queued()
 
     def connections(self) -> list[Connection]:
@@ -555,7 +559,7 @@ class Consumer:
         no RDY is about to be raised (a connection's first message, received at RDY 1, is
         not saturation: its RDY is raised next)."""
         with self._lock:
-            self._responder.settle()
+            self._tally.settle(self._stats)
             flows = [f for f in self._conns.values() if f.rdy > 0]
             if not flows or any(f.in_flight < f.rdy for f in flows):
                 return False
