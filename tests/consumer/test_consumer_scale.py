@@ -100,15 +100,26 @@ class RdyLedger:
 
 class RdySampler:
     """Server side: polls every node's /stats about every ``period`` seconds (see the module
-    docstring for raw and consistent samples)."""
+    docstring for raw and consistent samples).
+
+    With ``pair_within`` (seconds) each poll is two sweeps back to back, consistent only when
+    they agree and both took no longer than that in all: a RDY that moves away from a node
+    and back between its two reads (two RDY passes apart, so at least the balancer's interval)
+    would otherwise pass for a value held all along."""
 
     def __init__(
-        self, nodes: Callable[[], list[Any]], topic: str, channel: str, period: float = 0.05
+        self,
+        nodes: Callable[[], list[Any]],
+        topic: str,
+        channel: str,
+        period: float = 0.05,
+        pair_within: float | None = None,
     ) -> None:
         self.nodes = nodes
         self.topic = topic
         self.channel = channel
         self.period = period
+        self.pair_within = pair_within
         self.stopping = threading.Event()
         self.raw_max = 0
         self.consistent_max = 0
@@ -146,8 +157,11 @@ class RdySampler:
     def _run(self) -> None:
         clients: dict[str, NsqdHTTPClient] = {}
         previous: dict[str, tuple] | None = None
+        #: when the sweep before this one began (time.monotonic())
+        previous_start = 0.0
         try:
             while not self.stopping.is_set():
+                start = time.monotonic()
                 try:
                     sweep = self._sweep(clients)
                 except NSQError as exc:
@@ -157,11 +171,18 @@ class RdySampler:
                     total = sum(c[2] for node in sweep.values() for c in node)
                     self.sweeps += 1
                     self.raw_max = max(self.raw_max, total)
-                    if sweep == previous:
+                    quick = (
+                        self.pair_within is None
+                        or time.monotonic() - previous_start <= self.pair_within
+                    )
+                    if sweep == previous and quick:
                         self.consistent += 1
                         self.consistent_max = max(self.consistent_max, total)
                         self.consistent_sums.append((total, sweep))
                     previous = sweep
+                    previous_start = start
+                    if self.pair_within is not None and self.sweeps % 2:
+                        continue  # the second sweep of the pair at once
                 self.stopping.wait(self.period)  # the sampling period
         finally:
             for http in clients.values():
@@ -252,7 +273,8 @@ def test_rdy_rotation_finds_the_only_nsqd_with_messages(
     publish(busy, topic, sorted(bodies))
     ledger = RdyLedger(monkeypatch, max_in_flight)
     seen = Seen()
-    with RdySampler(lambda: list(cluster.nsqds), topic, "ch") as sampler:
+    # RDY 1 rotates every 0.1 s here: only pairs of sweeps quicker than that are consistent.
+    with RdySampler(lambda: list(cluster.nsqds), topic, "ch", pair_within=0.1) as sampler:
         consumer = consumers(
             topic,
             "ch",
@@ -268,12 +290,16 @@ def test_rdy_rotation_finds_the_only_nsqd_with_messages(
             lambda: seen.has_all(bodies), 60, interval=0.05, message=lambda: seen.describe(bodies)
         )
         wait_for(lambda: all_drained(cluster.nsqds, topic, "ch"), TIMEOUT, interval=0.1)
-        # Let the sampler see the rotation go on among the idle nodes for a while.
-        # A consistent sample needs two sweeps of five /stats alike while RDY moves every
-        # 0.1 s: under make test's five passes on two cores that can take far longer than
-        # TIMEOUT (10 s was not enough once), hence the bound of the drain above.
+        # Let the sampler see the rotation go on among the idle nodes for a while, and every
+        # node have its turn (asserted below).  A consistent sample needs two quick sweeps of
+        # five /stats alike: under make test's five passes on two cores that can take far
+        # longer than TIMEOUT (10 s was not enough once), hence the bound of the drain above.
         target = sampler.consistent + 10
-        wait_for(lambda: sampler.consistent >= target, 60, interval=0.05)
+        wait_for(
+            lambda: sampler.consistent >= target and len(ledger.granted_to) == 5,
+            60,
+            interval=0.05,
+        )
     print(
         f"\nrotation: RDY sum client max {ledger.max_sum} over {ledger.sends} sends, granted to "
         f"{len(ledger.granted_to)} nodes; nsqd raw max {sampler.raw_max}, consistent max "
