@@ -49,7 +49,3 @@ class FinTally:
         if moved:
             stats["finished"] += moved
         return moved
-
-    def unsettled(self) -> bool:
-        """True while some worker has FINs not counted yet (read without the lock)."""
-        return self.written != self.counted
