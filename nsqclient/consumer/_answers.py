@@ -20,7 +20,6 @@ from ..errors import NSQError, ServerError
 from ..message import Message, claim_all
 from ..observe import ObserverSet, tell
 from ._batch import ANSWERED, HELD, MessageBatch
-from ._fin_tally import FinTally
 from ._rdy_balancer import ConnFlow
 from ._shared_state import SharedState
 
@@ -49,7 +48,6 @@ class Responder:
         observers: the Consumer's observers (``messages_answered``).
         pull: pull mode: messages taken are :attr:`held` until answered.
         idle: set when the last held message is answered while stopping (pull mode).
-        tally: the FINs handler workers wrote and have not counted yet (:meth:`settle`).
     """
 
     def __init__(
@@ -62,7 +60,6 @@ class Responder:
         observers: ObserverSet,
         pull: bool,
         idle: threading.Event,
-        tally: FinTally | None = None,
     ):
         self._consumer = consumer
         #: the Consumer (a batch's ``consumer``)
@@ -80,14 +77,6 @@ class Responder:
         self.held_batches: set[MessageBatch] = set()
         #: set by the Consumer's stop(): answers then wake its drain (pull mode)
         self.stopping = False
-        #: FINs handler workers wrote and have not counted yet (see :meth:`settle`)
-        self.tally = tally if tally is not None else FinTally(0)
-
-    def settle(self) -> None:
-        """Count the FINs handler workers wrote and have not counted yet (each connection's
-        ``in_flight``, ``finished``): whoever reads those counts calls this first."""
-        with self._lock:
-            self.tally.settle(self._stats)
 
     # ================================================================ one message
 

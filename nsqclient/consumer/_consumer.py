@@ -226,7 +226,6 @@ class Consumer:
             observers=self._observers,
             pull=self._pull,
             idle=self._idle,
-            tally=self._tally,
         )
         #: pull mode: messages taken and not answered yet (stop() requeues what is left)
         self._held = self._responder.held
@@ -241,7 +240,7 @@ class Consumer:
             count=self._count,
             idle=self._idle,
             tally=self._tally,
-            settle=self._responder.settle,
+            settle=self._settle_fins,
             backoff=self._backoff,
         )
         # bound once: a worker's and take()'s calls cost what a method of the Consumer's did
@@ -348,7 +347,7 @@ class Consumer:
 
     def _in_flight(self) -> int:
         with self._lock:
-            self._tally.settle(self._stats)
+            self._settle_fins()
             return sum(f.in_flight for f in self._conns.values())
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -537,8 +536,14 @@ class Consumer:
     def _counts_now(self) -> None:
         """Bring each connection's counts up to date (the caller holds the lock): the FINs
         workers wrote and have not counted, the messages still waiting for a worker."""
-        self._tally.settle(self._stats)
+        self._settle_fins()
         self._intake.count_queued()
+
+    def _settle_fins(self) -> None:
+        """Count the FINs workers wrote and have not counted yet (consumer/_fin_tally.py):
+        whoever reads ``finished`` or a connection's ``in_flight`` calls this first."""
+        with self._lock:  # reentrant: most callers hold it already
+            self._tally.settle(self._stats)
 
     def connections(self) -> list[Connection]:
         with self._lock:
@@ -559,7 +564,7 @@ class Consumer:
         no RDY is about to be raised (a connection's first message, received at RDY 1, is
         not saturation: its RDY is raised next)."""
         with self._lock:
-            self._tally.settle(self._stats)
+            self._settle_fins()
             flows = [f for f in self._conns.values() if f.rdy > 0]
             if not flows or any(f.in_flight < f.rdy for f in flows):
                 return False

@@ -41,11 +41,11 @@ class Handling:
         finish: FIN a message whose answer was claimed (the Consumer's responder).
         count: add one to a counter of the Consumer's (``handler_errors``,
             ``timed_out_locally``, ``given_up``).
-        idle: set when a worker ends a message while the Consumer stops (its drain waits
-            on it).
         tally, settle, backoff: the FINs workers wrote and have not counted yet, what counts
             them (under the Consumer's lock), and the backoff state (above level 0 each FIN
             goes through ``finish``, which records the success at once).
+        idle: set when a worker ends a message while the Consumer stops (its drain waits
+            on it).
     """
 
     def __init__(
@@ -59,10 +59,10 @@ class Handling:
         observers: ObserverSet,
         finish: Callable[[Message], None],
         count: Callable[[str], None],
+        tally: FinTally,
+        settle: Callable[[], None],
+        backoff: BackoffState,
         idle: threading.Event | None = None,
-        tally: FinTally | None = None,
-        settle: Callable[[], None] | None = None,
-        backoff: BackoffState | None = None,
     ):
         self._consumer = consumer
         self.handler = handler
@@ -77,9 +77,9 @@ class Handling:
         self._offsets: dict[int, int] = {}
         self._offsets_lock = threading.Lock()
         self._idle = idle or threading.Event()
-        self._tally = tally if tally is not None else FinTally(0)
-        self._settle = settle or _nothing
-        self._backoff = backoff or BackoffState(1.0, 0.0)  # max_duration 0: never backs off
+        self._tally = tally
+        self._settle = settle
+        self._backoff = backoff
         #: set when the Consumer stops: a worker ending a message sets ``idle`` then
         self.stopping = False
 
@@ -346,7 +346,3 @@ def messages_of(batch: MessageBatch, responder: Any) -> list[Message]:
     """A Message object for each message of ``batch``, answerable one by one."""
     received = Message._received
     return [received(d, responder, batch.conn, batch.received_at) for d in batch.decoded()]
-
-
-def _nothing() -> None:
-    pass

@@ -70,6 +70,9 @@ def make(handler: Any = None, **settings: Any) -> tuple[Handling, Responder, Cou
         observers=ObserverSet(subject),
         finish=responder.finish_message,
         count=lambda name: counts.update([name]),
+        tally=FinTally(1),
+        settle=lambda: None,
+        backoff=BackoffState(1.0, 0.0),  # max_duration 0: never backs off
         **options,
     )
     return handling, responder, counts
@@ -200,7 +203,7 @@ def make_counted(
         count=lambda name: None,
         tally=tally,
         settle=settle,
-        backoff=backoff,
+        backoff=backoff or BackoffState(1.0, 0.0),
     )
     return handling, responder, tally, stats, lock
 
