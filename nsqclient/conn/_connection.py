@@ -10,6 +10,8 @@ their pending answers, and only one thread at a time is ever inside the transpor
 Any thread may send:
 
 * :meth:`Connection.send` for commands nsqd does not answer on success (RDY, FIN, REQ, TOUCH, NOP);
+  :meth:`Connection.queue_fin` for a consumer's FIN of one message, the writer joining the FINs
+  queued meanwhile into one command (each written after every command queued before it);
 * :meth:`Connection.request` for commands it answers (PUB, MPUB, DPUB, SUB, CLS...): the returned
   Future resolves with the response bytes, or fails with the typed error nsqd sent.  Responses
   are matched to requests in order (FIFO), which is how nsqd answers them.
@@ -31,6 +33,7 @@ import select
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol, overload
@@ -66,6 +69,8 @@ logger = logging.getLogger("nsqclient.conn")
 _STOP = object()
 #: queued for the writer: requests wait in the connection's Pending (see offer())
 _REQUESTS = object()
+#: queued for the writer: message ids wait in the connection's FIN queue (see queue_fin())
+_FINS = object()
 #: bytes of queued commands joined into one socket write at most (one command may be more)
 _WRITE_SIZE = 64 * 1024
 # Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
@@ -144,6 +149,10 @@ class Connection:
         #: :meth:`send` without its check of the state: what is queued once the connection is
         #: closed is dropped (a Consumer's FIN per message: nsqd sends that message again)
         self.queue_command: Callable[[bytes], None] = self._queue.put
+        #: the ids of the messages queue_fin() was given, for the writer
+        self._fins: deque[bytes] = deque()
+        #: a _FINS is in the queue for them (cleared by the writer before it takes them)
+        self._fins_woken = False
         #: requests awaiting nsqd's answer, oldest first (guarded by _lock)
         self._pending = Pending()
         self._lock = threading.Lock()
@@ -309,6 +318,24 @@ class Connection:
             raise ConnectionClosedError(f"connection to {self.address} is closed")
         self._queue.put(command)
 
+    def queue_fin(self, message_id: bytes) -> None:
+        """Queue FIN for ``message_id`` (as nsqd sent it: not checked), as
+        ``queue_command(protocol.fin(message_id))`` does: dropped once the connection is
+        closed (nsqd sends the message again).  The writer joins the ids queued meanwhile into
+        one command and writes it after every command queued before it, so that a message's
+        TOUCH never reaches nsqd after its FIN; the join costs less than a command per FIN."""
+        self._fins.append(message_id)
+        if not self._fins_woken:
+            self._fins_woken = True
+            self._queue.put(_FINS)
+
+    def _take_fins(self) -> list[bytes]:
+        """The ids queued for FIN so far, off the queue (on the writer thread)."""
+        self._fins_woken = False  # before taking: one queued after this wakes the writer again
+        fins = self._fins
+        popleft = fins.popleft
+        return [popleft() for _ in range(len(fins))]
+
     @overload
     def request(self, command: bytes, future: None = None, messages: int = 0) -> Future: ...
 
@@ -427,7 +454,9 @@ class Connection:
         more = False
         #: _STOP was taken: what is left in self._pending is written, then the loop ends
         stopping = False
-        item: Any  # a command (bytes), _REQUESTS or _STOP
+        #: ids taken for FIN and not written yet: commands queued before them come first
+        held: list[bytes] = []
+        item: Any  # a command (bytes), _REQUESTS, _FINS or _STOP
         try:
             while True:
                 if stopping:
@@ -445,13 +474,17 @@ class Connection:
                             return
                         continue
                 stop = item is _STOP
+                # The FINs first: every command queued before them is in the queue now, and
+                # is joined below (or, the write being full, the FINs wait for the next).
+                if self._fins:
+                    held += self._take_fins()
                 #: the commands queued (FIN, RDY, NOP...), then the requests' from self._pending
                 items: list[bytes] = []
                 size = 0
                 # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
                 # glibc keep freed megabytes around (its mmap threshold grows with them).
                 while not stop:
-                    if item is not _REQUESTS:
+                    if item is not _REQUESTS and item is not _FINS:
                         items.append(item)
                         size += len(item)
                         if size >= _WRITE_SIZE:
@@ -461,12 +494,16 @@ class Connection:
                     except queue.Empty:
                         break
                     stop = item is _STOP
+                full = size >= _WRITE_SIZE
+                if held and not full:
+                    items.append(b"FIN " + b"\nFIN ".join(held) + b"\n")
+                    held = []
                 with self._send_lock:
                     # Taken, they count as written as far as expire_before() is concerned.
                     with self._lock:
                         if pending.unsent and size < _WRITE_SIZE:
                             items += pending.take_unsent(_WRITE_SIZE - size)
-                        more = bool(pending.unsent)
+                        more = bool(pending.unsent) or full
                     if items:
                         transport.sendall(items[0] if len(items) == 1 else b"".join(items))
                 if stop:

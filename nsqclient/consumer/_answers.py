@@ -103,7 +103,7 @@ class Responder:
         assert flow is not None  # a Consumer's messages always carry their connection
         # The id came from nsqd in this message: no need to check it as protocol.fin does.  On a
         # closed connection the FIN is dropped (nsqd sends the message again).
-        flow.put(b"FIN " + message.id + b"\n")
+        flow.fin(message.id)
         # _answered(message, "finished", True), inline: this runs once per message handled.
         # Not a with statement: it makes two method objects a call.
         lock = self._lock

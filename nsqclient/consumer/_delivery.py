@@ -95,7 +95,7 @@ class Handling:
         books once the run is done (see consumer/_fin_tally.py)."""
         popleft = run.popleft
         finish = self._finish
-        put = run.flow.put
+        fin = run.flow.fin
         backoff = self._backoff
         tally = self._tally
         written = tally.written
@@ -142,7 +142,7 @@ class Handling:
                                     finish(message)  # records the success at once
                                 else:
                                     # finish(message) without its lock round (see above)
-                                    put(b"FIN " + message.id + b"\n")
+                                    fin(message.id)
                                     written[slot] += 1
                     now = monotonic()
                     held = now - (message.touched_at or message.received_at)

@@ -47,6 +47,7 @@ class ConnFlow:
         "conn",
         "send",
         "put",
+        "fin",
         "key",
         "address",
         "partition",
@@ -66,6 +67,8 @@ class ConnFlow:
         self.send = conn.send
         #: the same, what is queued once it is closed being dropped (its ``queue_command``)
         self.put = conn.queue_command
+        #: queue FIN for a message id it sent, dropped once it is closed (its ``queue_fin``)
+        self.fin = conn.queue_fin
         self.key = conn.key
         self.address = conn.address
         self.partition = conn.partition

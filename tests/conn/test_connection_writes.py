@@ -223,6 +223,93 @@ def test_commands_without_an_answer_always_go_to_the_writer(scripted, connect, m
     assert {name for name, _ in writes} == {f"nsq-writer-{conn.address}"}
 
 
+def record(sock: socket.socket, peer: ScriptedPeer) -> None:
+    """Keep every byte the client writes (``peer.received``), answer nothing, until end of
+    stream."""
+    while data := sock.recv(65536):
+        peer.received += data
+
+
+def stall_first_write(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """Make the writer's next write wait, inside the send lock, until ``go`` is set; ``inside``
+    is set once it waits."""
+    inside, go = threading.Event(), threading.Event()
+    transport = conn._transport
+    assert transport is not None
+    original = transport.sendall
+
+    def sendall(data: bytes) -> None:
+        if not go.is_set():
+            inside.set()
+            go.wait(TIMEOUT)
+        original(data)
+
+    monkeypatch.setattr(transport, "sendall", sendall)
+    return inside, go
+
+
+def test_fins_queued_meanwhile_go_out_in_one_write_after_the_commands_before_them(
+    scripted, connect, monkeypatch
+):
+    """queue_fin(): the FINs queued while a write is under way go out in the next write, as
+    one command, after every command queued before them (a TOUCH never follows its FIN)."""
+    peer = scripted(record)
+    peer.received = b""
+    conn = connect(peer.address)
+    inside, go = stall_first_write(conn, monkeypatch)
+    writes = record_writers(conn, monkeypatch, with_data=True)
+    conn.queue_command(protocol.nop())
+    assert inside.wait(TIMEOUT)
+    ids = [b"%016d" % i for i in range(3)]
+    conn.queue_command(protocol.touch(ids[0]))
+    conn.queue_fin(ids[0])
+    conn.queue_command(protocol.rdy(5))
+    conn.queue_fin(ids[1])
+    conn.queue_fin(ids[2])
+    go.set()
+    expected = protocol.touch(ids[0]) + protocol.rdy(5) + b"".join(map(protocol.fin, ids))
+    wait_for(lambda: len(peer.received) == len(protocol.nop() + expected), TIMEOUT)
+    assert [data for _, data in writes] == [protocol.nop(), expected]
+    assert {name for name, _ in writes} == {f"nsq-writer-{conn.address}"}
+
+
+def test_fins_wait_for_the_commands_a_full_write_left_behind(scripted, connect, monkeypatch):
+    """When the commands queued before a FIN fill more than one write, the FIN goes out after
+    the last of them, not in the first write."""
+    peer = scripted(record)
+    peer.received = b""
+    conn = connect(peer.address)
+    inside, go = stall_first_write(conn, monkeypatch)
+    conn.queue_command(protocol.nop())
+    assert inside.wait(TIMEOUT)
+    filler = [b"RDY %05d\n" % i for i in range(2 * conn_module._WRITE_SIZE // 10)]
+    for command in filler:
+        conn.queue_command(command)
+    message_id = b"0123456789abcdef"
+    conn.queue_command(protocol.touch(message_id))
+    conn.queue_fin(message_id)
+    go.set()
+    expected = protocol.nop() + b"".join(filler) + protocol.touch(message_id)
+    expected += protocol.fin(message_id)
+    wait_for(lambda: len(peer.received) == len(expected), TIMEOUT)
+    assert peer.received == expected
+
+
+def test_a_fin_queued_on_a_closed_connection_is_dropped(scripted, connect):
+    """As queue_command(): nsqd sends the message again; the caller sees no error."""
+    peer = scripted(record)
+    peer.received = b""
+    conn = connect(peer.address)
+    conn.queue_fin(b"0123456789abcdef")
+    wait_for(lambda: peer.received == protocol.fin(b"0123456789abcdef"), TIMEOUT)
+    conn.close(timeout=2.0)
+    conn.queue_fin(b"fedcba9876543210")
+    conn.queue_fin(b"fedcba9876543211")
+    assert not conn._writer.is_alive()
+    peer.thread.join(TIMEOUT)
+    assert peer.received == protocol.fin(b"0123456789abcdef")
+
+
 # ------------------------------------------------------------------------------------------------
 # Order
 

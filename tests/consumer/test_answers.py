@@ -33,6 +33,9 @@ class FakeConn:
         if not self.closed:
             self.writes.append(data)
 
+    def fin(self, message_id: bytes) -> None:  # a ConnFlow's, as the writer writes it
+        self.put(b"FIN " + message_id + b"\n")
+
 
 class Subject:
     topic = "t"

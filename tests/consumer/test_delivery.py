@@ -171,6 +171,9 @@ class Flow:
         self.written: list[bytes] = []
         self.put = self.written.append
 
+    def fin(self, message_id: bytes) -> None:  # the command the writer makes of it
+        self.written.append(b"FIN " + message_id + b"\n")
+
 
 def run_of(responder: Responder, flow: Flow, *bodies: bytes) -> Run:
     messages = [message(responder, body) for body in bodies]

@@ -26,6 +26,9 @@ class FakeConn:
     def queue_command(self, data: bytes) -> None:
         self.send(data)
 
+    def queue_fin(self, message_id: bytes) -> None:
+        self.send(b"FIN " + message_id + b"\n")
+
     def send(self, data: bytes) -> None:
         self.sent.append(data)
 
