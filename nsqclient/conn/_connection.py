@@ -10,8 +10,9 @@ their pending answers, and only one thread at a time is ever inside the transpor
 Any thread may send:
 
 * :meth:`Connection.send` for commands nsqd does not answer on success (RDY, FIN, REQ, TOUCH, NOP);
-  :meth:`Connection.queue_fin` for a consumer's FIN of one message, the writer joining the FINs
-  queued meanwhile into one command (each written after every command queued before it);
+  :meth:`Connection.queue_fin` for a consumer's FIN of one message, the FINs queued meanwhile
+  joined into one command (written after every command queued before them), and
+  :meth:`Connection.write_queued` for a worker that would rather write them itself than wait;
 * :meth:`Connection.request` for commands it answers (PUB, MPUB, DPUB, SUB, CLS...): the returned
   Future resolves with the response bytes, or fails with the typed error nsqd sent.  Responses
   are matched to requests in order (FIFO), which is how nsqd answers them.
@@ -69,9 +70,10 @@ logger = logging.getLogger("nsqclient.conn")
 _STOP = object()
 #: queued for the writer: requests wait in the connection's Pending (see offer())
 _REQUESTS = object()
-#: queued for the writer: message ids wait in the connection's FIN queue (see queue_fin())
-_FINS = object()
-#: bytes of queued commands joined into one socket write at most (one command may be more)
+#: queued for the writer: commands and message ids to FIN wait in the connection's deques
+_WAKE = object()
+#: bytes of queued requests joined into one socket write at most (one command may be more);
+#: commands, which are small, are cut into writes of about this size when there are more
 _WRITE_SIZE = 64 * 1024
 # Error codes nsqd sends for FIN/REQ/TOUCH, which have no pending request of their own.
 _UNSOLICITED = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
@@ -145,14 +147,17 @@ class Connection:
         self.messages_sent = 0
         self.pid = os.getpid()
         self._transport: Transport | None = None
+        #: what wakes the writer: _WAKE, _REQUESTS and _STOP (the data waits elsewhere)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        #: the commands queued (RDY, TOUCH, REQ, NOP...), and the ids queue_fin() was given;
+        #: taken only with the send lock held, so whoever holds it writes them in order
+        self._out: deque[bytes] = deque()
+        self._fins: deque[bytes] = deque()
+        #: a _WAKE is in the queue for them (cleared by the writer before it takes them)
+        self._woken = False
         #: :meth:`send` without its check of the state: what is queued once the connection is
         #: closed is dropped (a Consumer's FIN per message: nsqd sends that message again)
-        self.queue_command: Callable[[bytes], None] = self._queue.put
-        #: the ids of the messages queue_fin() was given, for the writer
-        self._fins: deque[bytes] = deque()
-        #: a _FINS is in the queue for them (cleared by the writer before it takes them)
-        self._fins_woken = False
+        self.queue_command: Callable[[bytes], None] = self._queue_out
         #: requests awaiting nsqd's answer, oldest first (guarded by _lock)
         self._pending = Pending()
         self._lock = threading.Lock()
@@ -247,7 +252,7 @@ class Connection:
         self.extended = bool(self.config.extend_support)
         transport.set_timeouts(self._read_deadline(), self.config.write_timeout)
         # TLS may need to send records while reading; the reader never writes.
-        transport.set_output_callback(lambda: self._queue.put(b""))
+        transport.set_output_callback(lambda: self._queue_out(b""))
         self._set_state(ConnectionState.CONNECTED)
         assert self._transport is not None
         self._caller_reads = self._caller_reads and self._transport.plain and HAS_EPOLL
@@ -316,25 +321,55 @@ class Connection:
         """
         if self.state is ConnectionState.CLOSED:
             raise ConnectionClosedError(f"connection to {self.address} is closed")
-        self._queue.put(command)
+        self._queue_out(command)
+
+    def _queue_out(self, command: bytes) -> None:
+        self._out.append(command)
+        if not self._woken:
+            self._woken = True
+            self._queue.put(_WAKE)
 
     def queue_fin(self, message_id: bytes) -> None:
         """Queue FIN for ``message_id`` (as nsqd sent it: not checked), as
         ``queue_command(protocol.fin(message_id))`` does: dropped once the connection is
-        closed (nsqd sends the message again).  The writer joins the ids queued meanwhile into
-        one command and writes it after every command queued before it, so that a message's
-        TOUCH never reaches nsqd after its FIN; the join costs less than a command per FIN."""
+        closed (nsqd sends the message again).  The ids queued meanwhile go out joined into
+        one command, after every command queued before them, so that a message's TOUCH never
+        reaches nsqd after its FIN; the join costs less than a command per FIN."""
         self._fins.append(message_id)
-        if not self._fins_woken:
-            self._fins_woken = True
-            self._queue.put(_FINS)
+        if not self._woken:
+            self._woken = True
+            self._queue.put(_WAKE)
 
-    def _take_fins(self) -> list[bytes]:
-        """The ids queued for FIN so far, off the queue (on the writer thread)."""
-        self._fins_woken = False  # before taking: one queued after this wakes the writer again
+    def write_queued(self) -> None:
+        """Write the commands and FINs queued so far on the caller's thread, unless another
+        thread is writing (the writer, woken for them, takes them then): for a consumer's
+        worker done with a run of messages, whose FINs then go out without a thread hand-off.
+        Dropped once the connection is closed; a failed write closes the connection."""
+        lock = self._send_lock
+        if not (self._fins or self._out) or not lock.acquire(blocking=False):
+            return
+        try:
+            transport = self._transport
+            if self.state is ConnectionState.CLOSED:
+                self._fins.clear()
+                self._out.clear()
+            elif transport is not None:  # connected (else the writer takes them, once it runs)
+                _send_items(transport, self._take_queued())
+        except (OSError, NSQError, ValueError) as exc:
+            self._write_failed(exc)
+        finally:
+            lock.release()
+
+    def _take_queued(self) -> list[bytes]:
+        """The commands queued, then one FIN for the ids queued; the send lock is held."""
         fins = self._fins
-        popleft = fins.popleft
-        return [popleft() for _ in range(len(fins))]
+        # The ids first: every command queued before them is in self._out by now.
+        ids = [fins.popleft() for _ in range(len(fins))] if fins else None
+        out = self._out
+        items = [out.popleft() for _ in range(len(out))] if out else []
+        if ids:
+            items.append(b"FIN " + b"\nFIN ".join(ids) + b"\n")
+        return items
 
     @overload
     def request(self, command: bytes, future: None = None, messages: int = 0) -> Future: ...
@@ -452,64 +487,34 @@ class Connection:
         pending = self._pending
         #: requests were left in self._pending by the last write (it was full): no waiting
         more = False
-        #: _STOP was taken: what is left in self._pending is written, then the loop ends
-        stopping = False
-        #: ids taken for FIN and not written yet: commands queued before them come first
-        held: list[bytes] = []
-        item: Any  # a command (bytes), _REQUESTS, _FINS or _STOP
+        #: _STOP was taken: what is left is written, then the loop ends
+        stop = False
         try:
             while True:
-                if stopping:
-                    item = _STOP
-                elif more:
+                if not (more or stop):
                     try:
-                        item = q.get_nowait()
-                    except queue.Empty:
-                        item = _REQUESTS
-                else:
-                    try:
-                        item = q.get(timeout=1.0)
+                        stop = q.get(timeout=1.0) is _STOP
                     except queue.Empty:
                         if self.state is ConnectionState.CLOSED:
                             return
                         continue
-                stop = item is _STOP
-                # The FINs first: every command queued before them is in the queue now, and
-                # is joined below (or, the write being full, the FINs wait for the next).
-                if self._fins:
-                    held += self._take_fins()
-                #: the commands queued (FIN, RDY, NOP...), then the requests' from self._pending
-                items: list[bytes] = []
-                size = 0
-                # Join what is queued, up to _WRITE_SIZE: one large buffer per write would make
-                # glibc keep freed megabytes around (its mmap threshold grows with them).
-                while not stop:
-                    if item is not _REQUESTS and item is not _FINS:
-                        items.append(item)
-                        size += len(item)
-                        if size >= _WRITE_SIZE:
-                            break
-                    try:
-                        item = q.get_nowait()
-                    except queue.Empty:
-                        break
-                    stop = item is _STOP
-                full = size >= _WRITE_SIZE
-                if held and not full:
-                    items.append(b"FIN " + b"\nFIN ".join(held) + b"\n")
-                    held = []
+                while not q.empty():  # this write answers the markers queued meanwhile too
+                    if q.get_nowait() is _STOP:
+                        stop = True
                 with self._send_lock:
+                    self._woken = False  # before taking: what is queued later wakes it again
+                    items = self._take_queued()
                     # Taken, they count as written as far as expire_before() is concerned.
                     with self._lock:
-                        if pending.unsent and size < _WRITE_SIZE:
-                            items += pending.take_unsent(_WRITE_SIZE - size)
-                        more = bool(pending.unsent) or full
+                        if pending.unsent:
+                            size = sum(map(len, items))
+                            if size < _WRITE_SIZE:
+                                items += pending.take_unsent(_WRITE_SIZE - size)
+                        more = bool(pending.unsent)
                     if items:
-                        transport.sendall(items[0] if len(items) == 1 else b"".join(items))
-                if stop:
-                    if not more:
-                        return
-                    stopping = True
+                        _send_items(transport, items)
+                if stop and not more:
+                    return
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
 
@@ -735,7 +740,7 @@ class Connection:
         ftype, data = frame
         if ftype == protocol.FRAME_TYPE_RESPONSE:
             if data == protocol.HEARTBEAT:
-                self._queue.put(protocol.nop())
+                self._queue_out(protocol.nop())
                 return
             future = self._pop_pending()
             if future is None:
@@ -858,3 +863,22 @@ class Connection:
             "compression": t.compression if t else None,
             "max_rdy_count": self.max_rdy_count,
         }
+
+
+def _send_items(transport: Transport, items: list[bytes]) -> None:
+    """Write ``items`` in order: joined, in writes of about _WRITE_SIZE bytes once they are
+    more than twice that (one large buffer per write would make glibc keep freed megabytes
+    around: its mmap threshold grows with them)."""
+    if len(items) == 1:
+        transport.sendall(items[0])
+    elif sum(map(len, items)) <= 2 * _WRITE_SIZE:
+        transport.sendall(b"".join(items))
+    else:
+        start = size = 0
+        for i, item in enumerate(items):
+            size += len(item)
+            if size >= _WRITE_SIZE:
+                transport.sendall(b"".join(items[start : i + 1]))
+                start, size = i + 1, 0
+        if start < len(items):
+            transport.sendall(b"".join(items[start:]))

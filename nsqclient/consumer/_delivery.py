@@ -109,6 +109,7 @@ class Handling:
             try:
                 message = popleft()
             except IndexError:
+                run.flow.flush()  # the run's last FINs, without waking the writer for them
                 if written[slot] != tally.counted[slot]:
                     self._settle()
                 return

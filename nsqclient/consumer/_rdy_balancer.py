@@ -48,6 +48,7 @@ class ConnFlow:
         "send",
         "put",
         "fin",
+        "flush",
         "key",
         "address",
         "partition",
@@ -69,6 +70,8 @@ class ConnFlow:
         self.put = conn.queue_command
         #: queue FIN for a message id it sent, dropped once it is closed (its ``queue_fin``)
         self.fin = conn.queue_fin
+        #: write what is queued on this thread unless another is writing (its ``write_queued``)
+        self.flush = conn.write_queued
         self.key = conn.key
         self.address = conn.address
         self.partition = conn.partition

@@ -12,6 +12,7 @@ import logging
 import socket
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -273,16 +274,19 @@ def test_fins_queued_meanwhile_go_out_in_one_write_after_the_commands_before_the
     assert {name for name, _ in writes} == {f"nsq-writer-{conn.address}"}
 
 
-def test_fins_wait_for_the_commands_a_full_write_left_behind(scripted, connect, monkeypatch):
-    """When the commands queued before a FIN fill more than one write, the FIN goes out after
-    the last of them, not in the first write."""
+def test_fins_follow_commands_queued_before_them_even_past_two_writes(
+    scripted, connect, monkeypatch
+):
+    """When the commands queued before a FIN fill more than two writes, they go out in writes
+    of about _WRITE_SIZE bytes, and the FIN after the last of them."""
     peer = scripted(record)
     peer.received = b""
     conn = connect(peer.address)
     inside, go = stall_first_write(conn, monkeypatch)
+    writes = record_writers(conn, monkeypatch, with_data=True)
     conn.queue_command(protocol.nop())
     assert inside.wait(TIMEOUT)
-    filler = [b"RDY %05d\n" % i for i in range(2 * conn_module._WRITE_SIZE // 10)]
+    filler = [b"RDY %05d\n" % i for i in range(3 * conn_module._WRITE_SIZE // 10)]
     for command in filler:
         conn.queue_command(command)
     message_id = b"0123456789abcdef"
@@ -293,6 +297,82 @@ def test_fins_wait_for_the_commands_a_full_write_left_behind(scripted, connect, 
     expected += protocol.fin(message_id)
     wait_for(lambda: len(peer.received) == len(expected), TIMEOUT)
     assert peer.received == expected
+    sizes = [len(data) for _, data in writes[1:]]
+    assert len(sizes) >= 3 and max(sizes) <= conn_module._WRITE_SIZE + 10
+
+
+def test_the_ids_are_taken_before_the_commands_queued_with_them(scripted, connect, monkeypatch):
+    """A TOUCH and its FIN queued while the writer takes what is queued: the FIN is not taken
+    without the TOUCH (it goes out in the next write, after it)."""
+    peer = scripted(record)
+    peer.received = b""
+    conn = connect(peer.address)
+    inside, go = stall_first_write(conn, monkeypatch)
+    writes = record_writers(conn, monkeypatch, with_data=True)
+    conn.queue_command(protocol.nop())
+    assert inside.wait(TIMEOUT)
+    message_id = b"0123456789abcdef"
+
+    class QueuedMeanwhile(deque):
+        def popleft(self) -> bytes:
+            if not hasattr(self, "done"):
+                self.done = True  # another thread queues a TOUCH and its FIN, this once
+                conn.queue_command(protocol.touch(message_id))
+                conn.queue_fin(message_id)
+            return super().popleft()
+
+    conn._out = QueuedMeanwhile()
+    conn.queue_command(protocol.rdy(1))
+    go.set()
+    expected = [
+        protocol.nop(),
+        protocol.rdy(1),
+        protocol.touch(message_id) + protocol.fin(message_id),
+    ]
+    wait_for(lambda: len(peer.received) == len(b"".join(expected)), TIMEOUT)
+    assert [data for _, data in writes] == expected
+
+
+def test_a_worker_writes_what_is_queued_itself_when_nobody_else_writes(
+    scripted, connect, monkeypatch
+):
+    """write_queued(): the FINs (and the commands before them) go out on the caller's thread,
+    in one write, the writer not woken for them."""
+    peer = scripted(record)
+    peer.received = b""
+    conn = connect(peer.address)
+    writes = record_writers(conn, monkeypatch, with_data=True)
+    ids = [b"%016d" % i for i in range(3)]
+    conn._woken = True  # as if the writer had been woken already: it stays asleep
+    conn.queue_command(protocol.touch(ids[0]))
+    for message_id in ids:
+        conn.queue_fin(message_id)
+    conn.write_queued()
+    conn._woken = False
+    expected = protocol.touch(ids[0]) + b"".join(map(protocol.fin, ids))
+    assert writes == [(threading.current_thread().name, expected)]
+    wait_for(lambda: peer.received == expected, TIMEOUT)
+    conn.write_queued()  # nothing queued: nothing written
+    assert len(writes) == 1
+
+
+def test_a_worker_leaves_what_is_queued_to_the_writer_while_it_writes(
+    scripted, connect, monkeypatch
+):
+    peer = scripted(record)
+    peer.received = b""
+    conn = connect(peer.address)
+    inside, go = stall_first_write(conn, monkeypatch)
+    writes = record_writers(conn, monkeypatch, with_data=True)
+    conn.queue_command(protocol.nop())
+    assert inside.wait(TIMEOUT)
+    conn.queue_fin(b"0123456789abcdef")
+    conn.write_queued()  # returns at once: the writer holds the socket
+    assert len(writes) == 1
+    go.set()
+    expected = protocol.nop() + protocol.fin(b"0123456789abcdef")
+    wait_for(lambda: peer.received == expected, TIMEOUT)
+    assert {name for name, _ in writes} == {f"nsq-writer-{conn.address}"}
 
 
 def test_a_fin_queued_on_a_closed_connection_is_dropped(scripted, connect):
@@ -304,6 +384,7 @@ def test_a_fin_queued_on_a_closed_connection_is_dropped(scripted, connect):
     wait_for(lambda: peer.received == protocol.fin(b"0123456789abcdef"), TIMEOUT)
     conn.close(timeout=2.0)
     conn.queue_fin(b"fedcba9876543210")
+    conn.write_queued()
     conn.queue_fin(b"fedcba9876543211")
     assert not conn._writer.is_alive()
     peer.thread.join(TIMEOUT)

@@ -169,10 +169,27 @@ class Flow:
     def __init__(self, in_flight: int) -> None:
         self.in_flight = in_flight
         self.written: list[bytes] = []
+        #: queued for the writer, which has been woken for them (``woken``: after which write)
+        self.queued: list[bytes] = []
+        self.woken: int | None = None
+        #: what each flush() found queued
+        self.flushes: list[list[bytes]] = []
         self.put = self.written.append
 
     def fin(self, message_id: bytes) -> None:  # the command the writer makes of it
-        self.written.append(b"FIN " + message_id + b"\n")
+        self.queued.append(b"FIN " + message_id + b"\n")
+        if self.woken is None:  # the writer, woken by the first: it writes them some time
+            self.woken = len(self.written)
+
+    def writer_runs(self) -> None:
+        """The writer thread takes its turn: it writes what is queued."""
+        self.written += self.queued
+        self.queued.clear()
+        self.woken = None
+
+    def flush(self) -> None:  # the worker writes what is queued when nobody else writes
+        self.flushes.append(list(self.queued))
+        self.writer_runs()
 
 
 def run_of(responder: Responder, flow: Flow, *bodies: bytes) -> Run:
@@ -212,8 +229,9 @@ def make_counted(
 
 
 def test_a_runs_fins_are_written_at_once_and_counted_for_whoever_asks_meanwhile() -> None:
-    """While the second handler of a run blocks, the first message's FIN is written and a
-    reader that settles (as stats() does) counts it; the rest is counted as the run ends."""
+    """While the second handler of a run blocks, the first message's FIN is queued with the
+    writer woken for it, and a reader that settles (as stats() does) counts it; the worker
+    writes the rest itself as the run ends, and counts them."""
     started, release = threading.Event(), threading.Event()
 
     def handler(m: Message) -> None:
@@ -229,7 +247,8 @@ def test_a_runs_fins_are_written_at_once_and_counted_for_whoever_asks_meanwhile(
     worker.start()
     try:
         assert started.wait(TIMEOUT)
-        assert flow.written == [b"FIN 0000000000000000\n"]
+        assert (flow.queued, flow.woken) == ([b"FIN 0000000000000000\n"], 0)
+        flow.writer_runs()
         with lock:
             tally.settle(stats)
         assert (stats["finished"], flow.in_flight) == (1, 2)
@@ -237,6 +256,7 @@ def test_a_runs_fins_are_written_at_once_and_counted_for_whoever_asks_meanwhile(
         release.set()
         worker.join(TIMEOUT)
     assert not worker.is_alive()
+    assert flow.flushes == [[b"FIN 0000000000000001\n", b"FIN 0000000000000002\n"]]
     assert len(flow.written) == 3 and tally.written == tally.counted  # settled by the run's end
     assert (stats["finished"], flow.in_flight) == (3, 0)
     assert responder.answers == []  # none went through finish_message
