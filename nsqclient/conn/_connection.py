@@ -51,6 +51,7 @@ from ..errors import (
 )
 from ..platforms import HAS_EPOLL
 from ..protocol import DecodedMessage, FrameReader
+from ._answer_wait import answer_wait
 from ._future_internals import deliver_all
 from ._futures import AnyFuture, RequestFuture, Waiter, forwarding_to, wait_answered
 from ._handshake import open_transport
@@ -66,6 +67,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("nsqclient.conn")
+
+#: the reader's wait for answers to pile up (see _answer_wait.py); a name of its own for tests
+_sleep = time.sleep
 
 _STOP = object()
 #: queued for the writer: requests wait in the connection's Pending (see offer())
@@ -579,6 +583,10 @@ class Connection:
                         reason = ConnectionClosedError(f"{self.address} closed the connection")
                     break
                 self._process(data)
+                pending = self._pending  # read without the lock: a count a moment old is enough
+                wait = answer_wait(len(data), len(pending.items) - pending.head)
+                if wait:
+                    _sleep(wait)
         except Exception as exc:
             reason = self._read_failure(exc)
         finally:
@@ -612,6 +620,11 @@ class Connection:
                         break
                     self._last_read = time.monotonic()
                     self._process(data)
+                # Outside the read lock: a blocking requester may read its own answer meanwhile.
+                pending = self._pending
+                wait = answer_wait(len(data), len(pending.items) - pending.head)
+                if wait:
+                    _sleep(wait)
         except Exception as exc:
             reason = self._read_failure(exc)
         finally:

@@ -342,7 +342,9 @@ class Producer:
         call.  Bad input (topic, body, partition) raises
         here, at once.  When no connection is ready (the first publish, an nsqd down) or a
         topic's route must be looked up first, that work runs on the Producer's backlog
-        thread, in the order of the calls."""
+        thread, in the order of the calls.  While 256 or more publishes on a connection are
+        unanswered, their answers are read in batches: a Future may resolve up to 0.5 ms after
+        nsqd's answer arrived (the reader's CPU per answer falls several-fold)."""
         if self._observers.active or not (
             partition is None and key is None and trace_id is None and ext is None and self._plain
         ):
