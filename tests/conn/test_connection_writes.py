@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from nsqclient import Producer, protocol
+from nsqclient.config import Config
 from nsqclient.conn import _connection as conn_module
+from nsqclient.conn._answer_wait import ANSWER_BACKLOG, ANSWER_WAIT
 from nsqclient.conn._connection import Connection, Waiter
 from nsqclient.errors import ConnectionClosedError
 from nsqclient.testing.helpers import message_count, run_together
@@ -249,11 +251,12 @@ def stall_first_write(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> tupl
     return inside, go
 
 
-def test_fins_queued_meanwhile_go_out_in_one_write_after_the_commands_before_them(
-    scripted, connect, monkeypatch
-):
-    """queue_fin(): the FINs queued while a write is under way go out in the next write, as
-    one command, after every command queued before them (a TOUCH never follows its FIN)."""
+def stalled_writer(
+    scripted: Any, connect: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ScriptedPeer, Connection, threading.Event, list[Any]]:
+    """A connection to a peer that records what it is sent (``peer.received``), its writer
+    inside its first write (a NOP) with the send lock held until ``go`` is set; ``writes``:
+    every write's ``(thread name, data)``, that NOP first."""
     peer = scripted(record)
     peer.received = b""
     conn = connect(peer.address)
@@ -261,6 +264,15 @@ def test_fins_queued_meanwhile_go_out_in_one_write_after_the_commands_before_the
     writes = record_writers(conn, monkeypatch, with_data=True)
     conn.queue_command(protocol.nop())
     assert inside.wait(TIMEOUT)
+    return peer, conn, go, writes
+
+
+def test_fins_queued_meanwhile_go_out_in_one_write_after_the_commands_before_them(
+    scripted, connect, monkeypatch
+):
+    """queue_fin(): the FINs queued while a write is under way go out in the next write, as
+    one command, after every command queued before them (a TOUCH never follows its FIN)."""
+    peer, conn, go, writes = stalled_writer(scripted, connect, monkeypatch)
     ids = [b"%016d" % i for i in range(3)]
     conn.queue_command(protocol.touch(ids[0]))
     conn.queue_fin(ids[0])
@@ -279,13 +291,7 @@ def test_fins_follow_commands_queued_before_them_even_past_two_writes(
 ):
     """When the commands queued before a FIN fill more than two writes, they go out in writes
     of about _WRITE_SIZE bytes, and the FIN after the last of them."""
-    peer = scripted(record)
-    peer.received = b""
-    conn = connect(peer.address)
-    inside, go = stall_first_write(conn, monkeypatch)
-    writes = record_writers(conn, monkeypatch, with_data=True)
-    conn.queue_command(protocol.nop())
-    assert inside.wait(TIMEOUT)
+    peer, conn, go, writes = stalled_writer(scripted, connect, monkeypatch)
     filler = [b"RDY %05d\n" % i for i in range(3 * conn_module._WRITE_SIZE // 10)]
     for command in filler:
         conn.queue_command(command)
@@ -304,13 +310,7 @@ def test_fins_follow_commands_queued_before_them_even_past_two_writes(
 def test_the_ids_are_taken_before_the_commands_queued_with_them(scripted, connect, monkeypatch):
     """A TOUCH and its FIN queued while the writer takes what is queued: the FIN is not taken
     without the TOUCH (it goes out in the next write, after it)."""
-    peer = scripted(record)
-    peer.received = b""
-    conn = connect(peer.address)
-    inside, go = stall_first_write(conn, monkeypatch)
-    writes = record_writers(conn, monkeypatch, with_data=True)
-    conn.queue_command(protocol.nop())
-    assert inside.wait(TIMEOUT)
+    peer, conn, go, writes = stalled_writer(scripted, connect, monkeypatch)
     message_id = b"0123456789abcdef"
 
     class QueuedMeanwhile(deque):
@@ -359,13 +359,7 @@ def test_a_worker_writes_what_is_queued_itself_when_nobody_else_writes(
 def test_a_worker_leaves_what_is_queued_to_the_writer_while_it_writes(
     scripted, connect, monkeypatch
 ):
-    peer = scripted(record)
-    peer.received = b""
-    conn = connect(peer.address)
-    inside, go = stall_first_write(conn, monkeypatch)
-    writes = record_writers(conn, monkeypatch, with_data=True)
-    conn.queue_command(protocol.nop())
-    assert inside.wait(TIMEOUT)
+    peer, conn, go, writes = stalled_writer(scripted, connect, monkeypatch)
     conn.queue_fin(b"0123456789abcdef")
     conn.write_queued()  # returns at once: the writer holds the socket
     assert len(writes) == 1
@@ -497,6 +491,78 @@ def test_pub_to_a_hung_nsqd_raises_after_the_write_timeout(scripted):
             producer.pub("t", BIG)
     assert caught.value.maybe_processed is True
     assert isinstance(caught.value.__cause__, TimeoutError)
+
+
+def answer_one_then_the_rest(count: int, go: threading.Event) -> Behaviour:
+    """Read ``count`` PUBs, answer the first, and the rest once ``go`` is set (a write each, as
+    nsqd flushes every answer); ``go`` not set within TIMEOUT: the rest is never answered."""
+
+    def behaviour(sock: socket.socket, peer: ScriptedPeer) -> None:
+        reader = sock.makefile("rb")
+        for _ in range(count):
+            assert reader.readline() == b"PUB t\n"
+            reader.read(struct.unpack(">l", reader.read(4))[0])
+        sock.sendall(frame(b"OK"))
+        if not go.wait(TIMEOUT):
+            raise AssertionError("not told to answer the rest")
+        for _ in range(count - 1):
+            sock.sendall(frame(b"OK"))
+        reader.read(1)  # until the client closes
+
+    return behaviour
+
+
+READERS = pytest.mark.parametrize("caller_reads", [False, True], ids=["thread", "caller"])
+
+
+def pipelined_answers(peer: ScriptedPeer, caller_reads: bool, count: int) -> list[Any]:
+    """``count`` PUBs pipelined on a connection of its own (``caller_reads`` as given);
+    their answers, each awaited."""
+    conn = Connection(peer.address, Config(), caller_reads=caller_reads)
+    conn.connect()
+    try:
+        futures = [conn.request(protocol.pub("t", b"x")) for _ in range(count)]
+        assert futures[0].result(TIMEOUT) == b"OK"
+        return [f.result(TIMEOUT) for f in futures]
+    finally:
+        conn.close(timeout=2.0)
+
+
+@READERS
+def test_after_a_small_read_with_a_backlog_the_reader_waits_for_more_answers(
+    scripted, caller_reads, monkeypatch
+):
+    """One answer read with ANSWER_BACKLOG requests still unanswered: the reader waits
+    (conn/_answer_wait.py; the peer answers the rest only once it does), then reads them."""
+    waits: list[float] = []
+    waited = threading.Event()
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        waited.set()
+
+    monkeypatch.setattr(conn_module, "_sleep", wait)
+    count = ANSWER_BACKLOG + 1
+    peer = scripted(answer_one_then_the_rest(count, waited))
+    assert pipelined_answers(peer, caller_reads, count) == [b"OK"] * count
+    assert waits and set(waits) == {ANSWER_WAIT}
+
+
+@READERS
+def test_below_the_backlog_the_reader_reads_again_at_once(scripted, caller_reads, monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(conn_module, "_sleep", waits.append)
+    go = threading.Event()
+    peer = scripted(answer_one_then_the_rest(ANSWER_BACKLOG, go))
+    original = Connection._answer_oks
+
+    def answered(self: Connection, count: int) -> None:
+        original(self, count)
+        go.set()  # the first answer handled, ANSWER_BACKLOG - 1 left: now the rest
+
+    monkeypatch.setattr(Connection, "_answer_oks", answered)
+    assert pipelined_answers(peer, caller_reads, ANSWER_BACKLOG) == [b"OK"] * ANSWER_BACKLOG
+    assert waits == []
 
 
 # ------------------------------------------------------------------------------------------------
