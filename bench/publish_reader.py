@@ -5,7 +5,8 @@ One process, one Producer: per round, ``-n`` ``pub_async`` (200-byte bodies) the
 all of them, as ``bench/publish.py``'s pipelined case does; printed per round are the rate,
 the process's CPU per message, each of its threads' CPU time (Linux: ``/proc/self/task``;
 elsewhere left out), how many reads the connection's reader made (``Connection._process``
-calls, counted by a wrapper) and the collector's passes per generation.  nsqd writes each
+calls, counted by a wrapper), how many writes the writer made (its rounds, counted the same
+way) and the collector's passes per generation.  nsqd writes each
 answer on its own: this shows what a read of a few answers costs the reader against one of a
 few hundred.  Compare two versions of the code with PYTHONPATH:
 
@@ -60,6 +61,14 @@ def main() -> None:
         process(self, data)
 
     _connection.Connection._process = counted  # type: ignore[method-assign]
+    writes = [0]
+    send_items = _connection._send_items
+
+    def counted_writes(transport: Any, items: list[bytes]) -> None:
+        writes[0] += 1
+        send_items(transport, items)
+
+    _connection._send_items = counted_writes
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     body = common.message_body()
     mem_queue = args.mem_queue_size or args.messages + 1000  # nsqd's disk queue left out
@@ -72,7 +81,7 @@ def main() -> None:
             producer.pub(topic, body)  # the topic made, the connection ready
             gc.collect()
             stats0 = gc.get_stats()
-            ticks0, reads[0] = thread_ticks(), 0
+            ticks0, reads[0], writes[0] = thread_ticks(), 0, 0
             began, cpu0 = time.perf_counter(), time.process_time()
             wait([producer.pub_async(topic, body) for _ in range(n)])
             took, cpu = time.perf_counter() - began, time.process_time() - cpu0
@@ -89,7 +98,7 @@ def main() -> None:
             print(
                 f"  {n / took:9,.0f} msg/s, {cpu / n * 1e6:.2f} us CPU/msg; threads (us/msg): "
                 f"{threads or '-'}; reads {reads[0]:,} ({n / max(reads[0], 1):,.0f} answers "
-                f"each); collector passes {passes}",
+                f"each), the writer's writes {writes[0]:,}; collector passes {passes}",
                 flush=True,
             )
         producer.close()
