@@ -189,7 +189,10 @@ def test_at_exit_undelivered_publishes_are_counted_in_an_error(nsqd):
             reader = sock.makefile("rb")
             reader.read(4)
             reader.readline()
-            reader.read(struct.unpack(">l", reader.read(4))[0])
+            size = reader.read(4)
+            if len(size) < 4:  # CPython 3.12.0-3.12.1: the script gave up at exit, mid-handshake
+                return
+            reader.read(struct.unpack(">l", size)[0])
             sock.sendall(frame(b"OK"))
 
         server = threading.Thread(target=serve)
