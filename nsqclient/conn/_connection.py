@@ -348,17 +348,20 @@ class Connection:
         """Write the commands and FINs queued so far on the caller's thread, unless another
         thread is writing (the writer, woken for them, takes them then): for a consumer's
         worker done with a run of messages, whose FINs then go out without a thread hand-off.
-        Dropped once the connection is closed; a failed write closes the connection."""
+        Only while connected: closing, the writer writes them before it stops; once closed
+        they are dropped.  A failed write closes the connection."""
         lock = self._send_lock
         if not (self._fins or self._out) or not lock.acquire(blocking=False):
             return
         try:
-            transport = self._transport
-            if self.state is ConnectionState.CLOSED:
+            # Under the send lock: close() marks the connection closing before the writer's
+            # last write, so nothing is written here once that write is made.
+            state, transport = self.state, self._transport
+            if state is _CONNECTED and transport is not None:
+                _send_items(transport, self._take_queued())
+            elif state is ConnectionState.CLOSED:
                 self._fins.clear()
                 self._out.clear()
-            elif transport is not None:  # connected (else the writer takes them, once it runs)
-                _send_items(transport, self._take_queued())
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
         finally:

@@ -23,7 +23,7 @@ from nsqclient import Producer, protocol
 from nsqclient.config import Config
 from nsqclient.conn import _connection as conn_module
 from nsqclient.conn._answer_wait import ANSWER_BACKLOG, ANSWER_WAIT
-from nsqclient.conn._connection import Connection, Waiter
+from nsqclient.conn._connection import Connection, ConnectionState, Waiter
 from nsqclient.errors import ConnectionClosedError
 from nsqclient.testing.helpers import message_count, run_together
 from nsqclient.testing.waiting import wait_for
@@ -366,6 +366,25 @@ def test_a_worker_leaves_what_is_queued_to_the_writer_while_it_writes(
     go.set()
     expected = protocol.nop() + protocol.fin(b"0123456789abcdef")
     wait_for(lambda: peer.received == expected, TIMEOUT)
+    assert {name for name, _ in writes} == {f"nsq-writer-{conn.address}"}
+
+
+def test_while_closing_a_worker_leaves_what_is_queued_to_the_writer(scripted, connect, monkeypatch):
+    """close() has marked the connection closing: write_queued() writes nothing (the socket
+    may be shut down under it); the writer writes it before it stops."""
+    peer = scripted(record)
+    peer.received = b""
+    conn = connect(peer.address)
+    writes = record_writers(conn, monkeypatch, with_data=True)
+    with conn._lock:
+        conn.state = ConnectionState.CLOSING  # close()'s first step
+    conn._woken = True  # as if the writer had been woken already: it stays asleep
+    conn.queue_fin(b"0123456789abcdef")
+    conn.write_queued()
+    assert writes == [] and list(conn._fins) == [b"0123456789abcdef"]
+    conn.close(timeout=2.0)  # the rest of close(): the writer's last write, then the socket
+    peer.thread.join(TIMEOUT)
+    assert peer.received == protocol.fin(b"0123456789abcdef")
     assert {name for name, _ in writes} == {f"nsq-writer-{conn.address}"}
 
 
