@@ -586,10 +586,7 @@ class Connection:
                         reason = ConnectionClosedError(f"{self.address} closed the connection")
                     break
                 self._process(data)
-                pending = self._pending  # read without the lock: a count a moment old is enough
-                wait = answer_wait(len(data), len(pending.items) - pending.head)
-                if wait:
-                    _sleep(wait)
+                self._wait_for_answers(len(data))
         except Exception as exc:
             reason = self._read_failure(exc)
         finally:
@@ -624,15 +621,20 @@ class Connection:
                     self._last_read = time.monotonic()
                     self._process(data)
                 # Outside the read lock: a blocking requester may read its own answer meanwhile.
-                pending = self._pending
-                wait = answer_wait(len(data), len(pending.items) - pending.head)
-                if wait:
-                    _sleep(wait)
+                self._wait_for_answers(len(data))
         except Exception as exc:
             reason = self._read_failure(exc)
         finally:
             self._finish_close(self._close_reason(reason))
             poller.close()
+
+    def _wait_for_answers(self, read_size: int) -> None:
+        """After a read of ``read_size`` bytes, let nsqd's answers pile up a moment when many
+        requests are unanswered (see _answer_wait.py); on a reader, after each read."""
+        # Without the lock: a count a moment old is enough for a wait of half a millisecond.
+        wait = answer_wait(read_size, self._pending.count())
+        if wait:
+            _sleep(wait)
 
     def _read_failure(self, exc: Exception) -> BaseException | None:
         """Why a reader loop ended on ``exc``: silence past the read deadline, the stream
