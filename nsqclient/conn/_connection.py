@@ -15,7 +15,9 @@ Any thread may send:
   :meth:`Connection.write_queued` for a worker that would rather write them itself than wait;
 * :meth:`Connection.request` for commands it answers (PUB, MPUB, DPUB, SUB, CLS...): the returned
   Future resolves with the response bytes, or fails with the typed error nsqd sent.  Responses
-  are matched to requests in order (FIFO), which is how nsqd answers them.
+  are matched to requests in order (FIFO), which is how nsqd answers them.  With
+  ``Connection.join_limit`` set (a Producer sets it), PUBs of one topic that queue up one
+  after another are written as one MPUB, whose answer is each of theirs.
 
 Whichever thread reads (the reader thread, or a requester reading its own answer) answers
 heartbeats itself (a NOP, queued for the writer), completes the requests answered, and hands
@@ -55,6 +57,7 @@ from ._answer_wait import answer_wait
 from ._future_internals import deliver_all
 from ._futures import AnyFuture, RequestFuture, Waiter, forwarding_to, wait_answered
 from ._handshake import open_transport
+from ._joined_pubs import join_pubs
 from ._pending import Pending, expired_error
 from ._transport import Transport
 
@@ -71,6 +74,8 @@ logger = logging.getLogger("nsqclient.conn")
 #: the reader's wait for answers to pile up (see _answer_wait.py); a name of its own for tests
 _sleep = time.sleep
 
+#: nsqd's refusals of an MPUB for its size, before it stores anything (see _joined_failed)
+_JOIN_REFUSALS = frozenset({"E_BAD_BODY", "E_BAD_MESSAGE"})
 _STOP = object()
 #: queued for the writer: requests wait in the connection's Pending (see offer())
 _REQUESTS = object()
@@ -149,6 +154,15 @@ class Connection:
         self.messages_received = 0
         #: messages in the PUB/MPUB/DPUB written (counted as queued, as the caller said)
         self.messages_sent = 0
+        #: bytes: PUBs of one topic queued one after another are written as one MPUB with a
+        #: body of at most this size, answered once for all of them (0: each PUB on its own)
+        self.join_limit = 0
+        #: PUB requests written inside such MPUBs
+        self.pubs_joined = 0
+        #: nsqd's fatal error to a joined MPUB (its PUBs fail as not processed, so that their
+        #: owner may send them again, one by one); None: none refused
+        self.join_refused: ServerError | None = None
+        self._refused: list[RequestFuture | Waiter] = []
         self.pid = os.getpid()
         self._transport: Transport | None = None
         #: what wakes the writer: _WAKE, _REQUESTS and _STOP (the data waits elsewhere)
@@ -481,9 +495,17 @@ class Connection:
             extra = count - len(futures)
             logger.warning("unexpected response from %s: %r x %d", self.address, ok, extra)
 
-    def _pop_pending(self) -> RequestFuture | Waiter | None:
+    def _pop_pending(self) -> tuple[RequestFuture | Waiter | None, list[Any] | None]:
+        """The future of the oldest request, now answered (None when none waits), and the
+        others that answer is for (written with it as one command), or None."""
         with self._lock:
-            return self._pending.pop()
+            pending = self._pending
+            if not pending.shared:
+                return pending.pop(), None
+            futures = pending.take(1)
+        if not futures:
+            return None, None
+        return futures[0], futures[1:] or None
 
     # ---------------------------------------------------------------- threads
 
@@ -516,7 +538,7 @@ class Connection:
                         if pending.unsent:
                             size = sum(map(len, items))
                             if size < _WRITE_SIZE:
-                                items += pending.take_unsent(_WRITE_SIZE - size)
+                                items += self._take_requests(_WRITE_SIZE - size)
                         more = bool(pending.unsent)
                     if items:
                         _send_items(transport, items)
@@ -524,6 +546,22 @@ class Connection:
                     return
         except (OSError, NSQError, ValueError) as exc:
             self._write_failed(exc)
+
+    def _take_requests(self, size: int) -> list[bytes]:
+        """The commands of the oldest requests not written yet, about ``size`` bytes of them
+        (see :meth:`Pending.take_unsent`), PUBs joined when ``join_limit`` says so; the
+        lock is held."""
+        pending = self._pending
+        start = len(pending.items) - len(pending.unsent)
+        commands = pending.take_unsent(size)
+        limit = self.join_limit
+        if not limit:
+            return commands
+        commands, counts = join_pubs(commands, limit)
+        if counts is not None:
+            pending.join(start, counts)
+            self.pubs_joined += sum(count for count in counts if count > 1)
+        return commands
 
     def request_mark(self) -> int:
         """A mark for "every request sent so far": pass it later to :meth:`expire_before`."""
@@ -760,12 +798,15 @@ class Connection:
             if data == protocol.HEARTBEAT:
                 self._queue_out(protocol.nop())
                 return
-            future = self._pop_pending()
+            future, others = self._pop_pending()
             if future is None:
                 logger.warning("unexpected response from %s: %r", self.address, data[:100])
             else:
                 # one shared b"OK" rather than one per answer held by every finished future
-                future.deliver(protocol.OK if data == protocol.OK else data)
+                answer = protocol.OK if data == protocol.OK else data
+                future.deliver(answer)
+                if others:
+                    deliver_all(others, answer)
             return
         error = error_from_frame(data)
         if error.code in _UNSOLICITED:
@@ -774,8 +815,10 @@ class Connection:
             else:
                 logger.warning("%s: %s", self.address, error)
             return
-        future = self._pop_pending()
-        if future is not None and not future.done():
+        future, others = self._pop_pending()
+        if others:
+            self._joined_failed([future, *others], error)  # type: ignore[list-item]
+        elif future is not None and not future.done():
             self._fail_request(future, error)
         else:
             logger.error("%s sent an error: %s", self.address, error)
@@ -785,11 +828,33 @@ class Connection:
             # nsqd closes the connection after this error; remember it as the reason.
             self._fatal_error = error
 
+    def _joined_failed(self, futures: list[RequestFuture | Waiter], error: ServerError) -> None:
+        """nsqd answered the MPUB that ``futures``' PUBs were joined into with ``error``.
+        A size it does not take (E_BAD_BODY, E_BAD_MESSAGE: refused before anything is
+        stored, and fatal) is the joining's fault: they fail at the close as not processed,
+        as the requests behind it do, and ``join_refused`` tells the owner.  Any other
+        error is each one's, as it would have been a PUB's."""
+        if error.code in _JOIN_REFUSALS:
+            self.join_refused = error
+            self._refused = futures
+            logger.warning(
+                "%s refused %d publishes joined into one MPUB: %s", self.address, len(futures),
+                error,
+            )  # fmt: skip
+            return
+        for future in futures:
+            joined = type(error)(
+                f"{error.message} (nsqd's answer to one MPUB of {len(futures)} publishes)",
+                error.code,
+            )
+            self._fail_request(future, joined)
+
     def _finish_close(self, reason: BaseException | None) -> None:
         with self._lock:
             old = self.state
             self.state = ConnectionState.CLOSED
-            pending = self._pending.clear()
+            pending = self._refused + self._pending.clear()
+            self._refused = []
         if old is ConnectionState.CLOSED:
             return
         if reason is not None and self.close_reason is None:
@@ -865,15 +930,18 @@ class Connection:
 
     def stats(self) -> dict[str, Any]:
         """This connection's figures: ``address``, ``state``, ``messages_received``,
-        ``messages_sent``, ``pending_requests``, ``bytes_in``, ``bytes_out`` (raw socket bytes),
-        ``tls`` (version or None), ``compression`` and ``max_rdy_count``.  (A Consumer's
-        ``stats()`` adds its flow-control counts: ``rdy``, ``in_flight``, ``queued``.)"""
+        ``messages_sent``, ``pubs_joined`` (PUBs written joined into MPUBs, see
+        ``join_limit``), ``pending_requests``, ``bytes_in``, ``bytes_out`` (raw socket
+        bytes), ``tls`` (version or None), ``compression`` and ``max_rdy_count``.  (A
+        Consumer's ``stats()`` adds its flow-control counts: ``rdy``, ``in_flight``,
+        ``queued``.)"""
         t = self._transport
         return {
             "address": self.address,
             "state": self.state.value,
             "messages_received": self.messages_received,
             "messages_sent": self.messages_sent,
+            "pubs_joined": self.pubs_joined,
             "pending_requests": self.pending_count(),
             "bytes_in": t.bytes_in if t else 0,
             "bytes_out": t.bytes_out if t else 0,

@@ -2,7 +2,8 @@
 
 nsqd answers requests (PUB, MPUB, DPUB, SUB, CLS...) in the order it reads them, so a
 connection keeps their futures in a FIFO and hands each answer to the oldest.  :class:`Pending`
-is that FIFO and what goes with it: the commands of the newest requests, not written yet, which
+is that FIFO and what goes with it: which requests share one answer (written together as one
+command, see :meth:`Pending.join`), the commands of the newest requests, not written yet, which
 the writer takes from here in their order (:meth:`Pending.take_unsent`), and a place for every
 request ever sent (for :meth:`Pending.mark`).  A request expired before it was written is taken
 out with its command, so it is never written.  It holds no lock: its connection's lock guards
@@ -25,7 +26,7 @@ _CUT = 1024
 class Pending:
     """The FIFO of requests awaiting answers (see the module doc)."""
 
-    __slots__ = ("items", "head", "unsent", "base", "expired_upto")
+    __slots__ = ("items", "head", "unsent", "base", "expired_upto", "shared")
 
     def __init__(self) -> None:
         #: the futures, oldest first; those before ``head`` are answered
@@ -38,6 +39,8 @@ class Pending:
         self.base = 0
         #: every request before this place was looked at by expire_before
         self.expired_upto = 0
+        #: id() of the first of several written requests answered together -> how many
+        self.shared: dict[int, int] = {}
 
     def count(self) -> int:
         """Requests not answered yet."""
@@ -48,15 +51,30 @@ class Pending:
         return self.items[self.head :]
 
     def take(self, count: int) -> list[RequestFuture | Waiter]:
-        """The oldest ``count`` (or fewer) futures, now answered."""
+        """The futures of the oldest ``count`` answers (or fewer), now answered: one per
+        answer, or every request an answer is shared by (see :meth:`join`)."""
         head = self.head
-        futures = self.items[head : head + count]
+        if self.shared:
+            end = self._answered_end(count)
+        else:
+            end = head + count
+        futures = self.items[head:end]
         self.head = head + len(futures)
         self._cut()
         return futures
 
+    def _answered_end(self, count: int) -> int:
+        items, shared = self.items, self.shared
+        end, size = self.head, len(items)
+        for _ in range(count):
+            if end >= size:
+                break
+            end += shared.pop(id(items[end]), 1)
+        return end
+
     def pop(self) -> RequestFuture | Waiter | None:
-        """The oldest future, now answered (None when none waits)."""
+        """The oldest future, now answered (None when none waits); only when no answer is
+        shared (see :meth:`join`): otherwise :meth:`take`."""
         if self.head >= len(self.items):
             return None
         future = self.items[self.head]
@@ -64,10 +82,21 @@ class Pending:
         self._cut()
         return future
 
+    def join(self, start: int, counts: list[int]) -> None:
+        """The written requests from ``items[start]`` on went out as ``len(counts)``
+        commands, the k-th of them for the next ``counts[k]`` requests: nsqd's one answer to
+        it is theirs (the writer, having taken their commands; see :meth:`take`)."""
+        items, shared = self.items, self.shared
+        for count in counts:
+            if count > 1:
+                shared[id(items[start])] = count
+            start += count
+
     def clear(self) -> list[RequestFuture | Waiter]:
         """Every future not answered yet; the FIFO is empty afterwards (and nothing is left
         for the writer)."""
         waiting = self.items[self.head :]
+        self.shared = {}
         self.base += len(self.items)
         self.items = []
         self.head = 0

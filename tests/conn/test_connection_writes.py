@@ -24,7 +24,7 @@ from nsqclient.config import Config
 from nsqclient.conn import _connection as conn_module
 from nsqclient.conn._answer_wait import ANSWER_BACKLOG, ANSWER_WAIT
 from nsqclient.conn._connection import Connection, ConnectionState, Waiter
-from nsqclient.errors import ConnectionClosedError
+from nsqclient.errors import ConnectionClosedError, ServerError
 from nsqclient.testing.helpers import message_count, run_together
 from nsqclient.testing.waiting import wait_for
 
@@ -653,3 +653,109 @@ def test_the_writer_stops_only_after_writing_every_request_left_to_it(scripted, 
     assert [f.result(TIMEOUT) for f in futures] == bodies
     conn._writer.join(TIMEOUT)
     assert not conn._writer.is_alive()
+
+
+# ------------------------------------------------------------------------------------------------
+# PUBs joined into one MPUB (join_limit, set by a Producer)
+
+
+def mpub_peer(answers: list[bytes]) -> Behaviour:
+    """Answer each PUB with its body and each MPUB with the next of ``answers`` (frames; after
+    an error frame the stream ends, as nsqd's after a fatal error); keep each command's first
+    line and its bodies in ``peer.commands``."""
+
+    def behaviour(sock: socket.socket, peer: ScriptedPeer) -> None:
+        reader = sock.makefile("rb")
+        script = iter(answers)
+        while line := reader.readline():
+            body = reader.read(struct.unpack(">l", reader.read(4))[0])
+            if line.startswith(b"PUB "):
+                peer.commands.append((line, [body]))
+                sock.sendall(frame(body))
+                continue
+            assert line.startswith(b"MPUB "), line
+            count = struct.unpack(">l", body[:4])[0]
+            bodies, at = [], 4
+            for _ in range(count):
+                size = struct.unpack(">l", body[at : at + 4])[0]
+                bodies.append(body[at + 4 : at + 4 + size])
+                at += 4 + size
+            peer.commands.append((line, bodies))
+            answer = next(script)
+            sock.sendall(answer)
+            if struct.unpack(">l", answer[4:8])[0] == protocol.FRAME_TYPE_ERROR:
+                return
+
+    return behaviour
+
+
+def queued_together(conn: Connection, commands: list[bytes]) -> list[Any]:
+    """Request each of ``commands`` while the send lock is held (every one waits for the
+    writer, which takes them all at once); their futures."""
+    with conn._send_lock:
+        return [conn.request(command) for command in commands]
+
+
+def test_pubs_of_one_topic_queued_together_go_out_as_one_mpub_answered_for_each(scripted, connect):
+    peer = scripted(mpub_peer([frame(b"OK"), frame(b"OK")]))
+    peer.commands = []
+    conn = connect(peer.address)
+    conn.join_limit = 1 << 20
+    first, second = [b"a%d" % i for i in range(5)], [b"b0", b"b1"]
+    futures = queued_together(
+        conn,
+        [
+            *(protocol.pub("t", body) for body in first),
+            protocol.pub("u", b"alone"),
+            *(protocol.pub("t", body) for body in second),
+        ],
+    )
+    assert [f.result(TIMEOUT) for f in futures] == [b"OK"] * 5 + [b"alone"] + [b"OK"] * 2
+    assert peer.commands == [(b"MPUB t\n", first), (b"PUB u\n", [b"alone"]), (b"MPUB t\n", second)]
+    assert conn.stats()["pubs_joined"] == 7
+    assert conn.stats()["messages_sent"] == 0  # request() was told of no message count
+
+
+def test_without_a_join_limit_each_pub_goes_out_on_its_own(scripted, connect):
+    peer = scripted(mpub_peer([]))
+    peer.commands = []
+    conn = connect(peer.address)
+    bodies = [b"%d" % i for i in range(4)]
+    futures = queued_together(conn, [protocol.pub("t", body) for body in bodies])
+    assert [f.result(TIMEOUT) for f in futures] == bodies
+    assert peer.commands == [(b"PUB t\n", [body]) for body in bodies]
+    assert conn.stats()["pubs_joined"] == 0
+
+
+def test_an_error_answering_a_joined_mpub_fails_each_of_its_publishes(scripted, connect):
+    # E_MPUB_FAILED (nsqd could not store them: exiting, its disk failing) is each one's, as
+    # E_PUB_FAILED is a PUB's; it is fatal, so the request behind is not processed.
+    error = frame(b"E_MPUB_FAILED MPUB failed exiting", protocol.FRAME_TYPE_ERROR)
+    peer = scripted(mpub_peer([error]))
+    peer.commands = []
+    conn = connect(peer.address)
+    conn.join_limit = 1 << 20
+    commands = [protocol.pub("t", b"%d" % i) for i in range(3)] + [protocol.pub("u", b"x")]
+    *joined, behind = queued_together(conn, commands)
+    errors = [f.exception(TIMEOUT) for f in joined]
+    assert all(isinstance(e, ServerError) and e.code == "E_MPUB_FAILED" for e in errors)
+    assert all("one MPUB of 3 publishes" in str(e) for e in errors)
+    assert len({id(e) for e in errors}) == 3  # one exception each, raised in its own thread
+    late = behind.exception(TIMEOUT)
+    assert type(late) is ConnectionClosedError and not late.maybe_processed
+    assert conn.join_refused is None
+
+
+def test_a_joined_mpub_nsqd_refuses_fails_its_publishes_as_not_processed(scripted, connect):
+    # E_BAD_BODY is fatal: nsqd stored none of them and closes, as after any fatal error.
+    refusal = frame(b"E_BAD_BODY MPUB body too big 2060 > 1000", protocol.FRAME_TYPE_ERROR)
+    peer = scripted(mpub_peer([refusal]))
+    peer.commands = []
+    conn = connect(peer.address)
+    conn.join_limit = 1 << 20
+    futures = queued_together(conn, [protocol.pub("t", b"%d" % i) for i in range(10)])
+    errors = [f.exception(TIMEOUT) for f in futures]
+    assert all(type(e) is ConnectionClosedError and not e.maybe_processed for e in errors)
+    assert all(e.__cause__ is conn.join_refused for e in errors)
+    assert conn.join_refused is not None and conn.join_refused.code == "E_BAD_BODY"
+    assert conn.wait_closed(TIMEOUT)

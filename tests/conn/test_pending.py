@@ -85,3 +85,33 @@ def test_expired_errors_say_whether_anything_was_sent():
     assert expired_error("a:1", True).maybe_processed
     error = expired_error("a:1", False)
     assert not error.maybe_processed and "nothing was sent" in str(error)
+
+
+def test_requests_written_as_one_command_share_its_one_answer():
+    pending, futures = filled(7, 0)
+    pending.join(1, [3, 1, 2])  # futures[1:4] went out as one command, [4] alone, [5:7] as one
+    assert pending.pop() is futures[0]  # nothing shared yet at the front
+    assert pending.take(1) == futures[1:4]
+    assert pending.take(2) == futures[4:7]
+    assert pending.shared == {}  # each answer took its entry
+    assert pending.count() == 0
+
+
+def test_a_shared_answer_survives_the_front_being_cut_and_expiry():
+    pending, futures = filled(3000, 0)
+    assert len(pending.take(2000)) == 2000  # cut: the list moved under the entry to come
+    assert pending.base == 2000 and pending.head == 0
+    pending.join(0, [5])
+    expired = pending.expire_before(pending.base + 2)  # the first two of the five
+    assert [f for f, _ in expired] == futures[2000:2002]
+    assert pending.take(2) == futures[2000:2006]  # the answer is still all five's
+    assert pending.count() == 994
+
+
+def test_clearing_forgets_what_was_shared():
+    pending, futures = filled(4, 0)
+    pending.join(0, [4])
+    assert pending.clear() == futures
+    fresh = [RequestFuture(), RequestFuture()]
+    pending.items.extend(fresh)
+    assert pending.take(1) == fresh[:1]
