@@ -422,6 +422,15 @@ OPTIONS: dict[str, Option] = {
             owner="Producer",
         ),
         Option(
+            "join_publishes",
+            True,
+            bool,
+            "PUBs of one topic that queue up on a connection one after another (pipelined"
+            " pub_async(), many threads' pub()) go out as one MPUB, each answered by nsqd's one"
+            " answer (far less work for nsqd; order kept); False: each PUB on its own",
+            owner="Producer",
+        ),
+        Option(
             "exit_flush_timeout",
             5.0,
             float,
@@ -572,6 +581,7 @@ class ProducerOptions(CommonOptions, total=False):
     pub_retries: int
     max_msg_size: int
     max_body_size: int
+    join_publishes: bool
     exit_flush_timeout: float
 
 
@@ -638,6 +648,7 @@ class Config:
     pub_retries: int
     max_msg_size: int
     max_body_size: int
+    join_publishes: bool
     exit_flush_timeout: float
 
     __slots__ = tuple(OPTIONS)

@@ -29,7 +29,7 @@ __all__ = ["CUMULATIVE", "Endpoint"]
 logger = logging.getLogger("nsqclient.producer")
 
 #: Counters summed over every connection an endpoint has had (see Producer.stats).
-CUMULATIVE = ("messages_sent", "bytes_in", "bytes_out")
+CUMULATIVE = ("messages_sent", "pubs_joined", "bytes_in", "bytes_out")
 
 
 class Endpoint:
@@ -44,6 +44,10 @@ class Endpoint:
         http_address: the nsqd's HTTP address (``"host:port"``), when known: its size limits
             are asked there once connected (see :mod:`nsqclient.producer._limits`).
         on_limits: ``on_limits(address, max_msg_size, max_body_size)`` once nsqd stated them.
+        join_limit: the largest MPUB body (bytes) a connection may join queued PUBs into
+            (a connection's ``join_limit``; 0: none), asked at each
+            connection and when nsqd states its limits.  Once this nsqd refused a joined MPUB,
+            its later connections join nothing.
     """
 
     __slots__ = (
@@ -67,6 +71,8 @@ class Endpoint:
         "learning",
         "learner",
         "_on_limits",
+        "_join_limit",
+        "joining",
         "_config",
         "_on_request_failed",
         "_closed",
@@ -80,6 +86,7 @@ class Endpoint:
         closed: Callable[[], bool],
         http_address: str | None = None,
         on_limits: Callable[[str, int, int], None] | None = None,
+        join_limit: Callable[[], int] | None = None,
     ):
         self.address = address
         self.http_address = http_address
@@ -90,6 +97,9 @@ class Endpoint:
         #: the thread asking it (joined on close)
         self.learner: threading.Thread | None = None
         self._on_limits = on_limits
+        self._join_limit = join_limit
+        #: this nsqd's connections may join PUBs (False once it refused a joined MPUB)
+        self.joining = join_limit is not None
         self.conn: Connection | None = None
         #: held while a connection is being made (one attempt at a time)
         self.lock = threading.Lock()
@@ -182,6 +192,14 @@ class Endpoint:
         if conn is not None:
             self.retire(conn)
             self.conn = None
+            if conn.join_refused is not None and self.joining:
+                self.joining = False
+                logger.warning(
+                    "nsqd %s refused publishes joined into one MPUB (%s); they are sent again"
+                    " one by one, and this Producer no longer joins publishes to it",
+                    self.address,
+                    conn.join_refused,
+                )
             if not conn.is_closed and conn.pid == os.getpid():
                 # nsqd sent an error it usually closes after, but kept the connection open
                 # (youzan does after some errors): close it rather than leak its threads.
@@ -216,6 +234,7 @@ class Endpoint:
         self.down_since = None
         self.skipped = 0
         self.connects += 1
+        self._set_join_limit(conn)
         self.conn = conn
         if self.http_address is not None and self.limits is None and not self.learning:
             self._learn_limits()
@@ -229,6 +248,9 @@ class Endpoint:
             self.limits = (msg, body)
             if self._on_limits is not None:
                 self._on_limits(address, msg, body)
+            conn = self.conn
+            if conn is not None:
+                self._set_join_limit(conn)
 
         def done(answered: bool) -> None:
             self.learning = False
@@ -331,6 +353,9 @@ class Endpoint:
                 thread.join(max(deadline - time.monotonic(), 0.1))
 
     # ---------------------------------------------------------------- counters
+
+    def _set_join_limit(self, conn: Connection) -> None:
+        conn.join_limit = self._join_limit() if self._join_limit and self.joining else 0
 
     def retire(self, conn: Connection) -> None:
         """Fold a connection that is being replaced or closed into the endpoint's totals."""

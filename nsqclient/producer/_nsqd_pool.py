@@ -45,6 +45,8 @@ class NsqdPool(Mapping[str, Endpoint]):
             size limits are asked once connected.
         on_limits: ``on_limits(address, max_msg_size, max_body_size)`` when an nsqd stated
             them (the Producer's :meth:`Limits.learn <nsqclient.producer._limits.Limits.learn>`).
+        join_limit: given to every endpoint (see :class:`Endpoint`; None: no connection joins
+            PUBs).
     """
 
     def __init__(
@@ -55,9 +57,11 @@ class NsqdPool(Mapping[str, Endpoint]):
         sent: Callable[[], None],
         http_addresses: list[str | None] | None = None,
         on_limits: Callable[[str, int, int], None] | None = None,
+        join_limit: Callable[[], int] | None = None,
     ):
         self.config = config
         self._on_limits = on_limits
+        self._join_limit = join_limit
         #: True once the Producer is closed: nothing is written or connected any more
         self.closed = False
         self._on_request_failed = on_request_failed
@@ -104,6 +108,7 @@ class NsqdPool(Mapping[str, Endpoint]):
             self._is_closed,
             http_address,
             self._on_limits,
+            self._join_limit,
         )
 
     def _is_closed(self) -> bool:

@@ -79,6 +79,11 @@ Key = bytes | str | int | None
 
 logger = logging.getLogger("nsqclient.producer")
 
+#: bytes: the MPUB body a connection joins queued PUBs into at most.  Some dozens of small
+#: messages already take nsqd's work per message down several-fold; kept small so that an nsqd
+#: whose --max-body-size the Producer was not told (and could not ask) still takes it.
+_JOIN_CAP = 16 * 1024
+
 _producers: weakref.WeakSet[Producer] = weakref.WeakSet()
 
 
@@ -180,6 +185,7 @@ class Producer:
             self._keep_deadlines,
             self._http_addresses,
             self._limits.learn,
+            self._join_limit if self.config.join_publishes and self._router is None else None,
         )
         self._pool.closed = closed
         #: the endpoints of the given addresses, in order
@@ -751,6 +757,12 @@ class Producer:
         logger.debug("resending a publish queued behind a fatal error")
         self._backlog.submit(lambda: self._send_outer(future, command, deadline))
         return True
+
+    def _join_limit(self) -> int:
+        """The largest MPUB body (bytes) a connection may join queued PUBs into: at most
+        _JOIN_CAP, and never above nsqd's ``--max-body-size`` as far as this Producer knows
+        it (see _limits.py)."""
+        return min(self._limits.body, _JOIN_CAP)
 
     def _keep_deadlines(self) -> None:
         self._deadlines.ensure()
