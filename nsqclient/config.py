@@ -426,8 +426,9 @@ OPTIONS: dict[str, Option] = {
             True,
             bool,
             "PUBs of one topic that queue up on a connection one after another (pipelined"
-            " pub_async(), many threads' pub()) go out as one MPUB, each answered by nsqd's one"
-            " answer (far less work for nsqd; order kept); False: each PUB on its own",
+            " pub_async(), many threads' pub()) go out as one MPUB of up to 16 KiB, each"
+            " answered by nsqd's one answer (far less work for nsqd; order kept; never by"
+            " lookup or with youzan); False: each PUB on its own",
             owner="Producer",
         ),
         Option(

@@ -185,7 +185,7 @@ class Producer:
             self._keep_deadlines,
             self._http_addresses,
             self._limits.learn,
-            self._join_limit if self.config.join_publishes and self._router is None else None,
+            self._join_limit if self._joins() else None,
         )
         self._pool.closed = closed
         #: the endpoints of the given addresses, in order
@@ -757,6 +757,11 @@ class Producer:
         logger.debug("resending a publish queued behind a fatal error")
         self._backlog.submit(lambda: self._send_outer(future, command, deadline))
         return True
+
+    def _joins(self) -> bool:
+        """Whether connections join queued PUBs: the option, for a classic nsqd given by
+        address (youzan's nsqd, and publishing by lookup, keep each PUB on its own)."""
+        return self.config.join_publishes and self._router is None and not self.config.youzan
 
     def _join_limit(self) -> int:
         """The largest MPUB body (bytes) a connection may join queued PUBs into: at most

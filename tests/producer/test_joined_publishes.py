@@ -131,3 +131,9 @@ def test_an_nsqd_that_refuses_a_joined_mpub_gets_the_publishes_one_by_one(
     assert any("no longer joins publishes" in r.getMessage() for r in caplog.records)
     after = p._slots[0].conn
     assert after is not conn and after.join_limit == 0
+
+
+def test_a_youzan_producer_joins_nothing(producers):
+    p = producers("127.0.0.1:1", youzan=True)  # never connected: what its endpoints are given
+    assert not p._slots[0].joining
+    assert producers("127.0.0.1:1")._slots[0].joining
