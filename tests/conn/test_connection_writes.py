@@ -689,6 +689,18 @@ def mpub_peer(answers: list[bytes]) -> Behaviour:
     return behaviour
 
 
+def joining(
+    scripted: Any, connect: Any, answers: list[bytes], join_limit: int = 1 << 20
+) -> tuple[ScriptedPeer, Connection]:
+    """A connection with ``join_limit`` to an :func:`mpub_peer` answering MPUBs with
+    ``answers``."""
+    peer = scripted(mpub_peer(answers))
+    peer.commands = []
+    conn = connect(peer.address)
+    conn.join_limit = join_limit
+    return peer, conn
+
+
 def queued_together(conn: Connection, commands: list[bytes]) -> list[Any]:
     """Request each of ``commands`` while the send lock is held (every one waits for the
     writer, which takes them all at once); their futures."""
@@ -697,10 +709,7 @@ def queued_together(conn: Connection, commands: list[bytes]) -> list[Any]:
 
 
 def test_pubs_of_one_topic_queued_together_go_out_as_one_mpub_answered_for_each(scripted, connect):
-    peer = scripted(mpub_peer([frame(b"OK"), frame(b"OK")]))
-    peer.commands = []
-    conn = connect(peer.address)
-    conn.join_limit = 1 << 20
+    peer, conn = joining(scripted, connect, [frame(b"OK"), frame(b"OK")])
     first, second = [b"a%d" % i for i in range(5)], [b"b0", b"b1"]
     futures = queued_together(
         conn,
@@ -717,9 +726,7 @@ def test_pubs_of_one_topic_queued_together_go_out_as_one_mpub_answered_for_each(
 
 
 def test_without_a_join_limit_each_pub_goes_out_on_its_own(scripted, connect):
-    peer = scripted(mpub_peer([]))
-    peer.commands = []
-    conn = connect(peer.address)
+    peer, conn = joining(scripted, connect, [], join_limit=0)
     bodies = [b"%d" % i for i in range(4)]
     futures = queued_together(conn, [protocol.pub("t", body) for body in bodies])
     assert [f.result(TIMEOUT) for f in futures] == bodies
@@ -731,10 +738,7 @@ def test_an_error_answering_a_joined_mpub_fails_each_of_its_publishes(scripted, 
     # E_MPUB_FAILED (nsqd could not store them: exiting, its disk failing) is each one's, as
     # E_PUB_FAILED is a PUB's; it is fatal, so the request behind is not processed.
     error = frame(b"E_MPUB_FAILED MPUB failed exiting", protocol.FRAME_TYPE_ERROR)
-    peer = scripted(mpub_peer([error]))
-    peer.commands = []
-    conn = connect(peer.address)
-    conn.join_limit = 1 << 20
+    _, conn = joining(scripted, connect, [error])
     commands = [protocol.pub("t", b"%d" % i) for i in range(3)] + [protocol.pub("u", b"x")]
     *joined, behind = queued_together(conn, commands)
     errors = [f.exception(TIMEOUT) for f in joined]
@@ -749,10 +753,7 @@ def test_an_error_answering_a_joined_mpub_fails_each_of_its_publishes(scripted, 
 def test_a_joined_mpub_nsqd_refuses_fails_its_publishes_as_not_processed(scripted, connect):
     # E_BAD_BODY is fatal: nsqd stored none of them and closes, as after any fatal error.
     refusal = frame(b"E_BAD_BODY MPUB body too big 2060 > 1000", protocol.FRAME_TYPE_ERROR)
-    peer = scripted(mpub_peer([refusal]))
-    peer.commands = []
-    conn = connect(peer.address)
-    conn.join_limit = 1 << 20
+    _, conn = joining(scripted, connect, [refusal])
     futures = queued_together(conn, [protocol.pub("t", b"%d" % i) for i in range(10)])
     errors = [f.exception(TIMEOUT) for f in futures]
     assert all(type(e) is ConnectionClosedError and not e.maybe_processed for e in errors)
