@@ -76,6 +76,7 @@ _sleep = time.sleep
 
 #: nsqd's refusals of an MPUB for its size, before it stores anything (see _joined_failed)
 _JOIN_REFUSALS = frozenset({"E_BAD_BODY", "E_BAD_MESSAGE"})
+
 _STOP = object()
 #: queued for the writer: requests wait in the connection's Pending (see offer())
 _REQUESTS = object()

@@ -240,6 +240,10 @@ class Endpoint:
             self._learn_limits()
         return conn
 
+    def _set_join_limit(self, conn: Connection) -> None:
+        """Give ``conn`` the MPUB size it may join PUBs into (0 once this nsqd refused one)."""
+        conn.join_limit = self._join_limit() if self._join_limit and self.joining else 0
+
     def _learn_limits(self) -> None:
         """Ask nsqd its size limits on a thread of its own (once answered, never again)."""
         self.learning = True
@@ -353,9 +357,6 @@ class Endpoint:
                 thread.join(max(deadline - time.monotonic(), 0.1))
 
     # ---------------------------------------------------------------- counters
-
-    def _set_join_limit(self, conn: Connection) -> None:
-        conn.join_limit = self._join_limit() if self._join_limit and self.joining else 0
 
     def retire(self, conn: Connection) -> None:
         """Fold a connection that is being replaced or closed into the endpoint's totals."""
