@@ -61,6 +61,8 @@ class PublishEvent:
         single_nsqd: the only nsqd this publish can go to (a Producer with one address and no
             lookup), else None.
         started_at: ``time.monotonic()`` at the start.
+        started_ns: ``time.time_ns()`` at the start (nanoseconds since the epoch: a span's
+            start time).
         nsqd_address: at the end, the nsqd it was written to (None if it never was).
         result: at the end, nsqd's answer (``b"OK"`` or a PublishResult) on success.
         error: at the end, the exception it failed with (None on success).
@@ -79,6 +81,7 @@ class PublishEvent:
         "extendable",
         "single_nsqd",
         "started_at",
+        "started_ns",
         "nsqd_address",
         "result",
         "error",
@@ -109,6 +112,7 @@ class PublishEvent:
         self.extendable = extendable
         self.single_nsqd = single_nsqd
         self.started_at = time.monotonic()
+        self.started_ns = time.time_ns()
         self.nsqd_address: str | None = None
         self.result: Any = None
         self.error: BaseException | None = None

@@ -79,7 +79,8 @@ class LazyFuture(Future):
     # The fields below are set only on a future some thread waits on (or calls back): they
     # start on the class.
     _waiter_list: list[Any] | None = None
-    _callbacks: list[Callable[[Future], object]] | None = None
+    #: its done callback, or a list of them from the second on (most futures get one)
+    _callbacks: Callable[[Future], object] | list[Callable[[Future], object]] | None = None
     #: a callback was added (set before the state is read; _finish reads it after setting it)
     _calling_back = False
     #: what a subclass keeps only until nsqd's answer (its request, say): dropped then by
@@ -112,7 +113,10 @@ class LazyFuture(Future):
 
     @property
     def _done_callbacks(self) -> list[Callable[[Future], object]]:
-        return self._callbacks or []
+        callbacks = self._callbacks
+        if callbacks is None:
+            return []
+        return callbacks if type(callbacks) is list else [callbacks]  # type: ignore[list-item]
 
     # ------------------------------------------------ the public interface
 
@@ -166,9 +170,13 @@ class LazyFuture(Future):
         self._calling_back = True
         with _callback_lock:
             if self._state != FINISHED:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(fn)
+                callbacks = self._callbacks
+                if callbacks is None:
+                    self._callbacks = fn
+                elif type(callbacks) is list:
+                    callbacks.append(fn)
+                else:
+                    self._callbacks = [callbacks, fn]  # type: ignore[list-item]
                 return
         _call_back(fn, self)
 
@@ -203,7 +211,12 @@ class LazyFuture(Future):
         # once this lock is free; one that comes later calls it itself.
         with _callback_lock:
             callbacks = self._callbacks
-        for fn in callbacks or ():
+        if callbacks is None:
+            return
+        if type(callbacks) is not list:
+            _call_back(callbacks, self)  # type: ignore[arg-type]
+            return
+        for fn in callbacks:
             _call_back(fn, self)
 
     def _failed(self) -> None:

@@ -44,6 +44,9 @@ LINGER = 0.002
 
 #: the key of this instrumentation's bookkeeping in ``PublishEvent.state``
 _STATE = "nsqclient.otel"
+#: the parent of a span made later for a publish that had none (not the context of the thread
+#: that makes it)
+_ROOT = otel_context.Context()
 
 _SEND = {
     n.SYSTEM: n.SYSTEM_NAME,
@@ -66,6 +69,8 @@ class PublishTelemetry:
         self._spans = SpanStarter(tracer)
         #: (topic, nsqd, partition) -> the metric attributes known at the start
         self._attributes: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
+        #: _end, bound once (not once per asynchronous publish)
+        self._ended = self._end
 
     def close(self, timeout: float) -> None:
         """Uninstrumented: end what the finisher holds, and join its thread."""
@@ -94,8 +99,11 @@ class PublishTelemetry:
         if event.asynchronous and not inject:
             # Nothing needs this span before nsqd answers: it is made then, on the finisher's
             # thread, with the start time and the parent of now.  (A span per publish in
-            # flight, all alive at once, is what the garbage collector would otherwise scan.)
-            event.state[_STATE] = (None, attributes, otel_context.get_current(), time.time_ns())
+            # flight, all alive at once, is what the garbage collector would otherwise scan;
+            # so is anything made per publish here: without a parent, only the cached
+            # attributes are kept.)
+            context = otel_context.get_current()
+            event.state[_STATE] = (None, attributes, context) if context else attributes
             return
         span = self._start_span(event, attributes, None, None)
         token = None
@@ -110,7 +118,7 @@ class PublishTelemetry:
                 logger.debug("cannot inject the trace context", exc_info=True)
             else:
                 event.ext = carrier
-        event.state[_STATE] = (span, attributes, token, None)
+        event.state[_STATE] = (span, attributes, token)
 
     def publish_ended(self, event: PublishEvent) -> None:
         started = event.state.pop(_STATE, None)
@@ -129,7 +137,7 @@ class PublishTelemetry:
         # An asynchronous publish's Future completed, usually on a connection's reader
         # thread: take the time and the outcome here, and leave the span and the metrics (the
         # SDK's span processors, which may export there and then) to the finisher's thread.
-        self.finisher.submit(self._end, event, started, elapsed, time.time_ns())
+        self.finisher.submit(self._ended, event, started, elapsed, time.time_ns())
 
     def _start_span(
         self,
@@ -152,11 +160,14 @@ class PublishTelemetry:
     def _end(
         self,
         event: PublishEvent,
-        started: tuple[Any, dict[str, Any], Any, int | None],
+        started: tuple[Any, dict[str, Any], Any] | dict[str, Any],
         elapsed: float,
         end_time: int | None,
     ) -> None:
-        span, attributes, context, start_time = started
+        if isinstance(started, dict):  # an asynchronous publish's, with no parent: its attributes
+            span, attributes, context = None, started, _ROOT
+        else:
+            span, attributes, context = started
         # what the answer tells: where it went, and how it ended
         learnt: dict[str, Any] = {}
         if event.nsqd_address and n.SERVER_ADDRESS not in attributes:
@@ -171,7 +182,7 @@ class PublishTelemetry:
             if span is not None and span.is_recording():
                 span.set_attributes(learnt)
         if span is None:  # an asynchronous publish's: made now (see publish_started)
-            span = self._start_span(event, attributes, context, start_time)
+            span = self._start_span(event, attributes, context, event.started_ns)
         if span.is_recording():
             result = event.result
             if isinstance(result, PublishResult) and event.count == 1:
@@ -210,9 +221,8 @@ class Finisher:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
-            queue.SimpleQueue()
-        )
+        #: (job, *its arguments): one tuple per job waiting (there may be thousands)
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -220,7 +230,7 @@ class Finisher:
 
     def submit(self, job: Callable[..., None], *args: Any) -> None:
         if self._thread is not None:  # (the common case, without the lock)
-            self._jobs.put((job, args))
+            self._jobs.put((job, *args))
             if self._stopped:  # stopped meanwhile, perhaps done draining: drain here
                 self._drain()
             return
@@ -229,7 +239,7 @@ class Finisher:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="nsq-otel", daemon=True)
                     self._thread.start()
-                self._jobs.put((job, args))
+                self._jobs.put((job, *args))
                 return
         job(*args)  # uninstrumented meanwhile: here, then
 
@@ -261,7 +271,7 @@ class Finisher:
             if item is None:  # the thread's, which has not reached it yet
                 self._jobs.put(None)
                 return
-            self._call(*item)
+            self._call(item)
 
     def reset_after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -273,7 +283,7 @@ class Finisher:
         while True:
             item = jobs.get()
             while item is not None:
-                self._call(*item)
+                self._call(item)
                 try:
                     item = jobs.get_nowait()
                 except queue.Empty:
@@ -285,9 +295,9 @@ class Finisher:
             time.sleep(LINGER)
 
     @staticmethod
-    def _call(job: Callable[..., None], args: tuple[Any, ...]) -> None:
+    def _call(item: tuple[Any, ...]) -> None:
         try:
-            job(*args)
+            item[0](*item[1:])
         except Exception:
             logger.exception("ending a publish span failed")
 

@@ -438,7 +438,7 @@ class Producer:
                 _failed(observers, event, exc)
             raise
         if event is not None:
-            future.watch(lambda f: _async_ended(observers, event, f))  # type: ignore[attr-defined]
+            future.watch(_AsyncEnded(observers, event))  # type: ignore[attr-defined]
         return future
 
     def _send(
@@ -806,6 +806,20 @@ def _async_ended(observers: tuple[Any, ...], event: PublishEvent, future: Future
         _failed(observers, event, error)
     else:
         _ended(observers, event, future.answer())  # type: ignore[attr-defined]
+
+
+class _AsyncEnded:
+    """The done callback of an observed asynchronous publish's Future: one object while the
+    publish is in flight (a closure would be four for the garbage collector to go over)."""
+
+    __slots__ = ("observers", "event")
+
+    def __init__(self, observers: tuple[Any, ...], event: PublishEvent):
+        self.observers = observers
+        self.event = event
+
+    def __call__(self, future: Future) -> None:
+        _async_ended(self.observers, self.event, future)
 
 
 def _delay_ms(delay: float) -> int:

@@ -112,6 +112,24 @@ def test_done_callbacks_run_once_whether_added_before_or_after():
     assert calls == [("before", 1), ("after", 1)]
 
 
+def test_several_done_callbacks_added_before_it_is_done_run_once_each_in_order():
+    # (the first is kept on its own, a list made only for the second: both paths)
+    calls: list[object] = []
+    future = RequestFuture()
+    future.watch(lambda f: calls.append("watched"))
+    future.add_done_callback(lambda f: calls.append("first"))
+    future.add_done_callback(lambda f: calls.append("second"))
+    future.set_result(1)
+    future.add_done_callback(lambda f: calls.append("after"))
+    assert calls == ["watched", "first", "second", "after"]
+
+    one: list[object] = []
+    single = RequestFuture()
+    single.add_done_callback(one.append)
+    single.set_exception(OSError("gone"))
+    assert one == [single]
+
+
 def test_watch_calls_back_exactly_once_whichever_thread_wins_the_race():
     import threading as _threading
 

@@ -1,17 +1,26 @@
 """nsqclient.otel's own pieces, without a broker: the Tally behind the message counters (and
-its per-thread counts) and the Finisher that ends asynchronous publishes' spans on the
-``nsq-otel`` thread."""
+its per-thread counts), the Finisher that ends asynchronous publishes' spans on the
+``nsq-otel`` thread, and the span an asynchronous publish gets when its answer comes."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed")
 
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+
+from nsqclient.observe import PublishEvent  # noqa: E402
 from nsqclient.otel.gauges import Tally  # noqa: E402
-from nsqclient.otel.publish import Finisher  # noqa: E402
+from nsqclient.otel.publish import Finisher, PublishTelemetry  # noqa: E402
 
 
 def test_a_tally_adds_up_by_content_and_by_identity():
@@ -103,3 +112,44 @@ def test_the_finisher_runs_each_job_once_on_its_thread_and_flush_waits_for_them(
     finisher.submit(job, 100)  # stopped: run where it is submitted
     assert ran[-1] == (100, threading.current_thread().name)
     assert len(ran) == 101
+
+
+def _async_publish(topic: str) -> PublishEvent:
+    """The event of one ``pub_async`` of a 3-byte body (no Producer behind it)."""
+    return PublishEvent(None, "PUB", True, topic, 1, 3, None, None, False, "127.0.0.1:4150")
+
+
+@pytest.mark.parametrize("parent", [False, True])
+def test_an_async_publish_span_starts_at_the_call_under_the_callers_span_wherever_it_ends(
+    parent: bool,
+):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    meter = MeterProvider().get_meter("test")
+    telemetry = PublishTelemetry(
+        tracer, Tally(), meter.create_histogram("duration", unit="s"), "never"
+    )
+    telemetry.close(10)  # stopped: the span is made where the answer is told, here
+    before = time.time_ns()
+    if parent:
+        with tracer.start_as_current_span("caller") as caller:
+            event = _async_publish("t")
+            telemetry.publish_started(event)
+    else:
+        event = _async_publish("t")
+        telemetry.publish_started(event)
+    after = time.time_ns()
+    event.result = b"OK"
+    with tracer.start_as_current_span("where the answer is told"):
+        telemetry.publish_ended(event)
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "publish t"]
+    assert before <= span.start_time == event.started_ns <= after
+    assert span.end_time is not None and span.end_time >= span.start_time
+    if parent:
+        assert span.parent is not None
+        assert span.parent.span_id == caller.get_span_context().span_id
+    else:
+        assert span.parent is None  # not the span current where it ended
+    assert event.state == {}
