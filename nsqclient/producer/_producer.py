@@ -41,7 +41,7 @@ from ..addresses import lookupd_addresses, nsqd_addresses
 from ..checks import check_float
 from ..config import Config, ProducerOptions, add_options_help, check_owner
 from ..conn._connection import Waiter
-from ..conn._futures import failure_of, wait_answered
+from ..conn._futures import wait_answered
 from ..errors import (
     ConnectionClosedError,
     UndeliveredError,
@@ -57,6 +57,7 @@ from ._deadlines import DeadlineKeeper
 from ._limits import Limits, body_size
 from ._nsqd_pool import NsqdPool
 from ._outer_futures import OuterFuture, OuterFutures, ResendableFuture
+from ._publish_ended import AsyncEnded, ended, failed
 from ._publish_forms import (
     Build,
     Plan,
@@ -421,10 +422,10 @@ class Producer:
             result = self._send(plan, timeout, event)
         except BaseException as exc:
             if event is not None:
-                _failed(observers, event, exc)
+                failed(observers, event, exc)
             raise
         if event is not None:
-            _ended(observers, event, protocol.OK if result is None else result)
+            ended(observers, event, protocol.OK if result is None else result)
         return result
 
     def _publish_async(self, plan: Plan) -> Future[Any]:
@@ -435,10 +436,10 @@ class Producer:
             future = self._send_async(plan)
         except BaseException as exc:
             if event is not None:
-                _failed(observers, event, exc)
+                failed(observers, event, exc)
             raise
         if event is not None:
-            future.watch(_AsyncEnded(observers, event))  # type: ignore[attr-defined]
+            future.watch(AsyncEnded(observers, event))  # type: ignore[attr-defined]
         return future
 
     def _send(
@@ -777,49 +778,6 @@ class Producer:
         the fork; their sockets are the parent's) and start afresh."""
         if os.getpid() != self._pid:
             self._start([s.address for s in self._slots], self._backlog.name, self.closed)
-
-
-def _ended(observers: tuple[Any, ...], event: PublishEvent, result: Any) -> None:
-    """Tell ``publish_ended`` of a publish that succeeded with ``result``."""
-    event.result = result
-    if isinstance(result, PublishResult):
-        event.nsqd_address = result.nsqd_address or event.nsqd_address
-        if result.partition is not None:
-            event.partition = result.partition
-    tell(observers, "publish_ended", event)
-
-
-def _failed(observers: tuple[Any, ...], event: PublishEvent, error: BaseException) -> None:
-    """Tell ``publish_ended`` of a publish that failed with ``error``."""
-    event.error = error
-    tell(observers, "publish_ended", event)
-
-
-def _async_ended(observers: tuple[Any, ...], event: PublishEvent, future: Future) -> None:
-    """An asynchronous publish's Future completed: tell where it went and how it ended."""
-    event.nsqd_address = getattr(future, "nsqd_address", None) or event.nsqd_address
-    partition = getattr(future, "partition", None)
-    if partition is not None:
-        event.partition = partition
-    error = failure_of(future)
-    if error is not None:
-        _failed(observers, event, error)
-    else:
-        _ended(observers, event, future.answer())  # type: ignore[attr-defined]
-
-
-class _AsyncEnded:
-    """The done callback of an observed asynchronous publish's Future: one object while the
-    publish is in flight (a closure would be four for the garbage collector to go over)."""
-
-    __slots__ = ("observers", "event")
-
-    def __init__(self, observers: tuple[Any, ...], event: PublishEvent):
-        self.observers = observers
-        self.event = event
-
-    def __call__(self, future: Future) -> None:
-        _async_ended(self.observers, self.event, future)
 
 
 def _delay_ms(delay: float) -> int:
