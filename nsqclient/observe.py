@@ -63,6 +63,10 @@ class PublishEvent:
         started_at: ``time.monotonic()`` at the start.
         started_ns: ``time.time_ns()`` at the start (nanoseconds since the epoch: a span's
             start time).
+        ended_at: at the end, ``time.monotonic()`` when nsqd answered or the publish failed
+            (None before): ``ended_at - started_at`` is its duration in seconds.
+        ended_ns: at the end, ``time.time_ns()`` at that moment (None before): a span's end
+            time.
         nsqd_address: at the end, the nsqd it was written to (None if it never was).
         result: at the end, nsqd's answer (``b"OK"`` or a PublishResult) on success.
         error: at the end, the exception it failed with (None on success).
@@ -82,6 +86,8 @@ class PublishEvent:
         "single_nsqd",
         "started_at",
         "started_ns",
+        "ended_at",
+        "ended_ns",
         "nsqd_address",
         "result",
         "error",
@@ -113,6 +119,8 @@ class PublishEvent:
         self.single_nsqd = single_nsqd
         self.started_at = time.monotonic()
         self.started_ns = time.time_ns()
+        self.ended_at: float | None = None
+        self.ended_ns: int | None = None
         self.nsqd_address: str | None = None
         self.result: Any = None
         self.error: BaseException | None = None

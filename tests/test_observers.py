@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +29,10 @@ class Recorder(Observer):
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.events: list[tuple[str, Any]] = []
+        #: id(event) -> its end times unset at publish_started
+        self.unended_at_start: dict[int, bool] = {}
+        #: id(event) -> (time.monotonic(), time.time_ns()) when publish_ended was told
+        self.ended_told: dict[int, tuple[float, int]] = {}
 
     def _add(self, name: str, details: Any) -> None:
         with self.lock:
@@ -48,10 +53,20 @@ class Recorder(Observer):
         self._add("detached", client)
 
     def publish_started(self, event: PublishEvent) -> None:
+        self.unended_at_start[id(event)] = event.ended_at is None and event.ended_ns is None
         self._add("publish_started", event)
 
     def publish_ended(self, event: PublishEvent) -> None:
+        self.ended_told[id(event)] = (time.monotonic(), time.time_ns())
         self._add("publish_ended", event)
+
+    def assert_end_times(self, event: PublishEvent) -> None:
+        """The event's end times were unset at its start, and taken before its end was told."""
+        assert self.unended_at_start[id(event)]
+        told_at, told_ns = self.ended_told[id(event)]
+        assert event.ended_at is not None and event.ended_ns is not None
+        assert event.started_at <= event.ended_at <= told_at
+        assert event.started_ns <= event.ended_ns <= told_ns
 
     def connection_made(self, consumer: Any, key: str) -> None:
         self._add("connection_made", key)
@@ -125,6 +140,7 @@ def test_every_publish_form_is_told_where_it_went(nsqd, recorder):
         assert event.nsqd_address == node.tcp_address
         assert event.single_nsqd == node.tcp_address
         assert not event.extendable
+        recorder.assert_end_times(event)
     assert recorder.names()[0] == "attached" and recorder.names()[-1] == "detached"
 
 
@@ -146,6 +162,7 @@ def test_bad_input_is_no_publish_and_a_failed_one_says_why(recorder):
     for event in recorder.of("publish_ended"):
         assert isinstance(event.error, ConnectionClosedError)
         assert event.result is None
+        recorder.assert_end_times(event)
     producer.close()
 
 

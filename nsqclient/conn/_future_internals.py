@@ -209,8 +209,11 @@ class LazyFuture(Future):
     def _call_backs(self) -> None:
         # A _when_done() that saw the state before it was FINISHED has appended its callback
         # once this lock is free; one that comes later calls it itself.
+        # They are let go once called: a finished future its caller keeps (a list of
+        # thousands, say) no longer keeps what they hold alive.
         with _callback_lock:
             callbacks = self._callbacks
+            self._callbacks = None
         if callbacks is None:
             return
         if type(callbacks) is not list:

@@ -64,13 +64,13 @@ class PublishTelemetry:
         self.sent = sent
         self.duration = duration
         self.inject = inject
-        self.finisher = Finisher()
+        self.finisher = Finisher(self._end_async)
         #: starts the publish spans (the call's attributes built only when recorded)
         self._spans = SpanStarter(tracer)
-        #: (topic, nsqd, partition) -> the metric attributes known at the start
-        self._attributes: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
-        #: _end, bound once (not once per asynchronous publish)
-        self._ended = self._end
+        #: the metric attributes known at the start, one dict per (topic, nsqd, partition)
+        self._attribute_sets: list[dict[str, Any]] = []
+        #: (topic, nsqd, partition) -> its index in _attribute_sets
+        self._attribute_index: dict[tuple[str, str | None, int | None], int] = {}
 
     def close(self, timeout: float) -> None:
         """Uninstrumented: end what the finisher holds, and join its thread."""
@@ -81,15 +81,19 @@ class PublishTelemetry:
     def publish_started(self, event: PublishEvent) -> None:
         topic = event.topic
         cache_key = (topic, event.single_nsqd, event.partition)
-        attributes = self._attributes.get(cache_key)
-        if attributes is None:
+        index = self._attribute_index.get(cache_key)
+        if index is not None:
+            attributes = self._attribute_sets[index]
+        else:
             attributes = {**_SEND, n.DESTINATION: topic}
             # A Producer with one nsqd and no lookup always publishes there.
             n.add_server(attributes, event.single_nsqd)
             if event.partition is not None:
                 attributes[n.PARTITION] = str(event.partition)
-            if len(self._attributes) < 4096:
-                self._attributes[cache_key] = attributes
+            if len(self._attribute_sets) < 4096:
+                # (two threads may both add the same: either index is right)
+                self._attribute_sets.append(attributes)
+                index = self._attribute_index[cache_key] = len(self._attribute_sets) - 1
         inject = (
             event.extendable
             and self.inject != "never"
@@ -100,10 +104,14 @@ class PublishTelemetry:
             # Nothing needs this span before nsqd answers: it is made then, on the finisher's
             # thread, with the start time and the parent of now.  (A span per publish in
             # flight, all alive at once, is what the garbage collector would otherwise scan;
-            # so is anything made per publish here: without a parent, only the cached
-            # attributes are kept.)
+            # so is anything made per publish here.  Without a parent, only the cached
+            # attributes' index is kept: a dict holding just an int is one the collector
+            # does not track.)
             context = otel_context.get_current()
-            event.state[_STATE] = (None, attributes, context) if context else attributes
+            if context:
+                event.state[_STATE] = (None, attributes, context)
+            else:
+                event.state[_STATE] = attributes if index is None else index
             return
         span = self._start_span(event, attributes, None, None)
         token = None
@@ -121,23 +129,29 @@ class PublishTelemetry:
         event.state[_STATE] = (span, attributes, token)
 
     def publish_ended(self, event: PublishEvent) -> None:
+        if event.asynchronous:
+            if _STATE in event.state:  # (else started before instrument())
+                # Its Future completed, usually on a connection's reader thread: the event
+                # holds the time and the outcome; the span and the metrics (the SDK's span
+                # processors, which may export there and then) are left to the finisher's
+                # thread.  The event is all that waits there for it.
+                self.finisher.submit(event)
+            return
         started = event.state.pop(_STATE, None)
         if started is None:
-            return  # started before instrument()
-        elapsed = time.monotonic() - event.started_at
-        if not event.asynchronous:
-            otel_context.detach(started[2])
-            if isinstance(event.error, ValueError | TypeError):
-                # Refused for bad input during the call: nothing was sent, so it is no
-                # operation.  The span, started before (it may be the parent of a lookup made
-                # for it), is dropped unended: no span processor ends or exports it.
-                return
-            self._end(event, started, elapsed, None)
             return
-        # An asynchronous publish's Future completed, usually on a connection's reader
-        # thread: take the time and the outcome here, and leave the span and the metrics (the
-        # SDK's span processors, which may export there and then) to the finisher's thread.
-        self.finisher.submit(self._ended, event, started, elapsed, time.time_ns())
+        otel_context.detach(started[2])
+        if isinstance(event.error, ValueError | TypeError):
+            # Refused for bad input during the call: nothing was sent, so it is no operation.
+            # The span, started before (it may be the parent of a lookup made for it), is
+            # dropped unended: no span processor ends or exports it.
+            return
+        self._end(event, started, None)
+
+    def _end_async(self, event: PublishEvent) -> None:
+        """An asynchronous publish's span and metrics, once it ended (on the finisher's
+        thread)."""
+        self._end(event, event.state.pop(_STATE), event.ended_ns)
 
     def _start_span(
         self,
@@ -160,11 +174,13 @@ class PublishTelemetry:
     def _end(
         self,
         event: PublishEvent,
-        started: tuple[Any, dict[str, Any], Any] | dict[str, Any],
-        elapsed: float,
+        started: tuple[Any, dict[str, Any], Any] | dict[str, Any] | int,
         end_time: int | None,
     ) -> None:
-        if isinstance(started, dict):  # an asynchronous publish's, with no parent: its attributes
+        # an asynchronous publish's with no parent: its attributes, or their index
+        if isinstance(started, int):
+            span, attributes, context = None, self._attribute_sets[started], _ROOT
+        elif isinstance(started, dict):
             span, attributes, context = None, started, _ROOT
         else:
             span, attributes, context = started
@@ -191,7 +207,8 @@ class PublishTelemetry:
                 span.record_exception(error)
                 span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.end(end_time)
-        self.duration.record(elapsed, attributes)
+        # (ended_at is None only before the end is told)
+        self.duration.record(event.ended_at - event.started_at, attributes)  # type: ignore[operator]
         # Bad input found after the call (an *_async publish's route, on the backlog thread)
         # fails its Future: nothing was sent, no message was attempted.
         if not isinstance(error, ValueError | TypeError):
@@ -209,7 +226,8 @@ def _call_attributes(event: PublishEvent) -> dict[str, Any]:
 
 
 class Finisher:
-    """Ends the spans of asynchronous publishes on a thread of its own (``nsq-otel``).
+    """Ends the spans of asynchronous publishes on a thread of its own (``nsq-otel``): each
+    event :meth:`submit` is given goes to ``end``, the function it was made with.
 
     Their Futures complete on a connection's reader thread, which must never wait (it answers
     the heartbeats: docs/contributing.rst, "The threads"): a span processor that exports there
@@ -217,20 +235,23 @@ class Finisher:
     exporter takes.  The thread takes what has gathered, then waits :data:`LINGER` for more
     (one wake-up per batch, not per answer; the spans' times were taken when nsqd answered).
     It starts with the first asynchronous publish and is joined by :meth:`stop`; after that,
-    spans end where their Future completes.
+    spans end where their Future completes.  What waits is the events alone (there may be
+    thousands: nothing more per event for the garbage collector to go over).
     """
 
-    def __init__(self) -> None:
-        #: (job, *its arguments): one tuple per job waiting (there may be thousands)
-        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+    def __init__(self, end: Callable[[Any], None]) -> None:
+        self._end = end
+        #: the events waiting; a _Flushed marks where a flush() waits; None stops the thread
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = False
         _finishers.add(self)
 
-    def submit(self, job: Callable[..., None], *args: Any) -> None:
+    def submit(self, item: Any) -> None:
+        """Give ``item`` to ``end`` on the finisher's thread (here, once stopped)."""
         if self._thread is not None:  # (the common case, without the lock)
-            self._jobs.put((job, *args))
+            self._items.put(item)
             if self._stopped:  # stopped meanwhile, perhaps done draining: drain here
                 self._drain()
             return
@@ -239,53 +260,53 @@ class Finisher:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="nsq-otel", daemon=True)
                     self._thread.start()
-                self._jobs.put((job, *args))
+                self._items.put(item)
                 return
-        job(*args)  # uninstrumented meanwhile: here, then
+        self._call(item)  # uninstrumented meanwhile: here, then
 
     def flush(self, timeout: float) -> bool:
-        """Wait until the jobs submitted so far have run (up to ``timeout`` seconds);
+        """Wait until the items submitted so far have been ended (up to ``timeout`` seconds);
         return True if they have."""
         if self._thread is None:
             return True
-        done = threading.Event()
-        self.submit(done.set)
-        return done.wait(timeout)
+        mark = _Flushed()
+        self.submit(mark)
+        return mark.done.wait(timeout)
 
     def stop(self, timeout: float) -> None:
         with self._lock:
             self._stopped = True
             thread, self._thread = self._thread, None
         if thread is not None:
-            self._jobs.put(None)
+            self._items.put(None)
             thread.join(timeout)
         self._drain()
 
     def _drain(self) -> None:
-        """Run here the jobs left (submitted while stopping, after the thread's last one)."""
+        """End here the items left (submitted while stopping, after the thread's last one)."""
         while True:
             try:
-                item = self._jobs.get_nowait()
+                item = self._items.get_nowait()
             except queue.Empty:
                 return
             if item is None:  # the thread's, which has not reached it yet
-                self._jobs.put(None)
+                self._items.put(None)
                 return
             self._call(item)
 
     def reset_after_fork(self) -> None:
         self._lock = threading.Lock()
         self._thread = None
-        self._jobs = queue.SimpleQueue()
+        self._items = queue.SimpleQueue()
 
     def _run(self) -> None:
-        jobs = self._jobs
+        items = self._items
         while True:
-            item = jobs.get()
+            item = items.get()
             while item is not None:
                 self._call(item)
                 try:
-                    item = jobs.get_nowait()
+                    item = items.get_nowait()
                 except queue.Empty:
                     break
             else:
@@ -294,12 +315,24 @@ class Finisher:
             # hand the GIL over) once.  Their times were taken when nsqd answered.
             time.sleep(LINGER)
 
-    @staticmethod
-    def _call(item: tuple[Any, ...]) -> None:
+    def _call(self, item: Any) -> None:
+        if type(item) is _Flushed:
+            item.done.set()
+            return
         try:
-            item[0](*item[1:])
+            self._end(item)
         except Exception:
             logger.exception("ending a publish span failed")
+
+
+class _Flushed:
+    """Where a :meth:`Finisher.flush` waits in the queue: set once every item before it has
+    been ended."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
 
 
 _finishers: weakref.WeakSet[Finisher] = weakref.WeakSet()

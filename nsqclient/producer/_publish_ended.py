@@ -4,6 +4,7 @@ asynchronous one when its Future completes."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -16,6 +17,8 @@ __all__ = ["AsyncEnded", "ended", "failed"]
 
 def ended(observers: tuple[Any, ...], event: PublishEvent, result: Any) -> None:
     """Tell ``publish_ended`` of a publish that succeeded with ``result``."""
+    event.ended_at = time.monotonic()
+    event.ended_ns = time.time_ns()
     event.result = result
     if isinstance(result, PublishResult):
         event.nsqd_address = result.nsqd_address or event.nsqd_address
@@ -26,6 +29,8 @@ def ended(observers: tuple[Any, ...], event: PublishEvent, result: Any) -> None:
 
 def failed(observers: tuple[Any, ...], event: PublishEvent, error: BaseException) -> None:
     """Tell ``publish_ended`` of a publish that failed with ``error``."""
+    event.ended_at = time.monotonic()
+    event.ended_ns = time.time_ns()
     event.error = error
     tell(observers, "publish_ended", event)
 

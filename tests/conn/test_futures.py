@@ -130,6 +130,39 @@ def test_several_done_callbacks_added_before_it_is_done_run_once_each_in_order()
     assert one == [single]
 
 
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("how", ["set_result", "set_exception", "deliver_all"])
+def test_a_finished_future_lets_go_of_its_callbacks_once_they_ran(how: str, count: int):
+    # A caller keeping finished futures (a list of thousands) must not keep alive what their
+    # done callbacks hold: an observed publish's event, say.
+    import weakref
+
+    from nsqclient.conn._future_internals import deliver_all
+
+    class Callback:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __call__(self, future: Future) -> None:
+            self.calls += 1
+
+    future = RequestFuture()
+    callbacks = [Callback() for _ in range(count)]
+    for callback in callbacks:
+        future.add_done_callback(callback)
+    if how == "set_result":
+        future.set_result(b"OK")
+    elif how == "set_exception":
+        future.set_exception(OSError("gone"))
+    else:
+        deliver_all([future], b"OK")
+    assert [callback.calls for callback in callbacks] == [1] * count
+    refs = [weakref.ref(callback) for callback in callbacks]
+    del callbacks, callback
+    assert [ref() for ref in refs] == [None] * count  # (no collection needed: no cycle)
+    assert future.done() and future._done_callbacks == []
+
+
 def test_watch_calls_back_exactly_once_whichever_thread_wins_the_race():
     import threading as _threading
 
