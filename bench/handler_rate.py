@@ -3,8 +3,8 @@
 
 For each run the parent fills a fresh topic's channel with N 200-byte messages (MPUB, before
 the consumer starts), then one consumer drains it in a process of its own with
-``max_in_flight`` 2500 (``--max-in-flight``).  The clients, interleaved, best of
-``--repeat``:
+``max_in_flight`` 2500 (``--max-in-flight``).  The clients, interleaved (every other round in
+reverse order), best of ``--repeat``:
 
 ``c1``, ``c4``
     nsqclient's ``Consumer`` with a handler that counts (``concurrency`` 1 and 4); the
@@ -393,8 +393,9 @@ def main(argv: list[str]) -> int:
     mem = max(args.messages, args.go_messages) + 1000
     with common.open_broker(args, mem_queue_size=mem) as broker:
         print(f"broker: {broker.description}; {common.describe_machine()}", file=sys.stderr)
-        for _ in range(args.repeat):
-            for client in clients:
+        for round_ in range(args.repeat):
+            # every other round in reverse order: no client always runs right after another
+            for client in clients if round_ % 2 == 0 else clients[::-1]:
                 runs[client].append(measure(args, broker, client))
     best = {c: max(rs, key=lambda r: r["rate"]) for c, rs in runs.items()}
     # CPU per message: the least of the runs (the one least disturbed by other work)
