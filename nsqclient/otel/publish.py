@@ -108,10 +108,10 @@ class PublishTelemetry:
             # attributes' index is kept: a dict holding just an int is one the collector
             # does not track.)
             context = otel_context.get_current()
-            if context:
-                event.state[_STATE] = (None, attributes, context)
+            if index is not None and not context:
+                event.state[_STATE] = index
             else:
-                event.state[_STATE] = attributes if index is None else index
+                event.state[_STATE] = (None, attributes, context or _ROOT)
             return
         span = self._start_span(event, attributes, None, None)
         token = None
@@ -174,14 +174,11 @@ class PublishTelemetry:
     def _end(
         self,
         event: PublishEvent,
-        started: tuple[Any, dict[str, Any], Any] | dict[str, Any] | int,
+        started: tuple[Any, dict[str, Any], Any] | int,
         end_time: int | None,
     ) -> None:
-        # an asynchronous publish's with no parent: its attributes, or their index
-        if isinstance(started, int):
+        if isinstance(started, int):  # an asynchronous publish's with no parent (publish_started)
             span, attributes, context = None, self._attribute_sets[started], _ROOT
-        elif isinstance(started, dict):
-            span, attributes, context = None, started, _ROOT
         else:
             span, attributes, context = started
         # what the answer tells: where it went, and how it ended
